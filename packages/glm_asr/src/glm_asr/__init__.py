@@ -1,0 +1,1 @@
+"""GLM-ASR speech recognition on tilekernels."""

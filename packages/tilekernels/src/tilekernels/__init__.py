@@ -1,0 +1,19 @@
+"""tilekernels: cuTile kernels for transformer inference, each with a numpy reference.
+
+Every public op dispatches on the array type: numpy arrays run the float32 numpy
+reference (the specification), cupy arrays run the cuTile kernel.
+"""
+from ._arrays import array_module, is_device
+from .activations import gelu, silu, swiglu
+from .attention import attention
+from .conv1d import conv1d
+from .linear import linear
+from .norm import add_layernorm, add_rmsnorm, layernorm, rmsnorm
+from .rope import rope, rope_cos_sin
+from .softmax import softmax
+
+__version__ = "0.1.0"
+__all__ = [
+    "add_layernorm", "add_rmsnorm", "array_module", "attention", "conv1d", "gelu", "is_device",
+    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "swiglu",
+]

@@ -1,0 +1,87 @@
+"""Array-type dispatch and argument validation shared by every op.
+
+Each public op takes numpy arrays (runs the float32 numpy reference) or cupy arrays
+(runs the cuTile kernel). Mixing the two, or passing anything else, is an error that
+names the argument.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch"]
+
+
+def is_device(a: Any) -> bool:
+    """True for a cupy array (checked without importing cupy)."""
+    return type(a).__module__.split(".")[0] == "cupy"
+
+
+def array_module(a: Any):
+    """numpy or cupy, matching the array `a`."""
+    if is_device(a):
+        import cupy
+
+        return cupy
+    return np
+
+
+def backend(**arrays: Any) -> str:
+    """'numpy' or 'cupy' for the given named arrays (None entries are skipped)."""
+    kinds = {}
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if isinstance(a, np.ndarray):
+            kinds[name] = "numpy"
+        elif is_device(a) and hasattr(a, "__cuda_array_interface__"):
+            kinds[name] = "cupy"
+        else:
+            raise TypeError(f"{name}: expected a numpy or cupy array, got {type(a).__name__}")
+    found = set(kinds.values())
+    if len(found) > 1:
+        detail = ", ".join(f"{n}={k}" for n, k in kinds.items())
+        raise TypeError(f"arrays must all be numpy or all be cupy, got {detail}")
+    return found.pop() if found else "numpy"
+
+
+def check(
+    name: str,
+    a: Any,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    shape: tuple[int | None, ...] | None = None,
+    dtype: Any = np.float32,
+    contiguous: bool = True,
+    inner_contiguous: bool = False,
+) -> None:
+    """Validate one array argument; the error says what was expected and what came."""
+    if a.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else ndim
+        if a.ndim not in allowed:
+            want = " or ".join(str(n) for n in allowed)
+            raise ValueError(f"{name}: expected {want} dimensions, got shape {tuple(a.shape)}")
+    if shape is not None:
+        if len(shape) != a.ndim or any(s is not None and s != d for s, d in zip(shape, a.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(a.shape)}")
+    if contiguous and not a.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous array, got strides {a.strides}")
+    if inner_contiguous and a.ndim and a.strides[-1] != a.itemsize and a.shape[-1] > 1:
+        raise ValueError(f"{name}: expected unit stride on the last axis, got strides {a.strides}")
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (cuTile tile dimensions must be powers of two)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
+    """Launch a cuTile kernel on cupy's current stream."""
+    import cupy
+    import cuda.tile as ct
+
+    ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args)

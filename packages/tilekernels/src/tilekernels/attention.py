@@ -1,0 +1,213 @@
+"""Scaled dot-product attention, flash style (online softmax, no T x T matrix).
+
+q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) with Hq a multiple of Hkv (grouped-query).
+Causal attention is aligned to the end: query i sees keys 0..Tk-Tq+i, which covers
+full prefill (Tq = Tk), chunked prefill and decode. Key tiles entirely above the
+diagonal are never visited; only tiles that cross it (or the ragged end) are masked.
+k/v may be views into a longer KV cache (unit stride on the last axis only).
+
+Tq = 1 (decode) takes a split-KV path: the key range is cut into chunks processed by
+separate blocks, all query heads of one KV head together, and a second kernel merges
+the partial softmax states, so a single query still fills the GPU.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import cuda.tile as ct
+import numpy as np
+
+from ._arrays import backend, check, launch, next_pow2
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+LOG2E = 1.0 / math.log(2.0)
+NEG_INF = -float("inf")
+DECODE_TILE_N = 64
+MAX_SPLITS = 64     # the merge kernel holds all splits of one head in one tile
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
+                        scale: float) -> np.ndarray:
+    group = q.shape[1] // k.shape[1]
+    k64 = np.repeat(k.astype(np.float64), group, axis=1)
+    v64 = np.repeat(v.astype(np.float64), group, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k64) * scale
+    if causal:
+        tq, tk = q.shape[2], k.shape[2]
+        allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
+        s = np.where(allowed, s, -np.inf)
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    s /= s.sum(axis=-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
+
+
+@ct.kernel
+def flash_kernel(Q, K, V, O, scale_log2: float, group: int,
+                 D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool):
+    """One TILE_M block of queries of one (batch, head) against all visible keys."""
+    mt = ct.bid(0)
+    b = ct.bid(1) // Q.shape[1]
+    h = ct.bid(1) % Q.shape[1]
+    kvh = h // group
+    tk = K.shape[2]
+    offset = tk - Q.shape[2]
+    q = ct.load(Q, index=(b, h, mt, 0), shape=(1, 1, TILE_M, D), padding_mode=ct.PaddingMode.ZERO)
+    q = ct.astype(ct.reshape(q, (TILE_M, D)), ct.tfloat32)
+    rows = offset + mt * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
+    cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+    if CAUSAL:
+        end = min(tk, offset + (mt + 1) * TILE_M)
+        unmasked = min(tk, offset + mt * TILE_M + 1) // TILE_N
+    else:
+        end = tk
+        unmasked = tk // TILE_N
+    m = ct.full((TILE_M, 1), NEG_INF, dtype=ct.float32)
+    l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((TILE_M, D), 0.0, dtype=ct.float32)
+    for j in range(ct.cdiv(end, TILE_N)):
+        k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                    padding_mode=ct.PaddingMode.ZERO)
+        s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
+                   ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
+        if j >= unmasked:
+            key = j * TILE_N + cols
+            visible = key < tk
+            if CAUSAL:
+                visible = visible & (key <= rows)
+            s = ct.where(visible, s, NEG_INF)
+        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+        p = ct.exp2(s - m_new)
+        alpha = ct.exp2(m - m_new)
+        l = l * alpha + ct.sum(p, axis=1, keepdims=True)
+        v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
+        acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
+                     acc * alpha)
+        m = m_new
+    ct.store(O, index=(b, h, mt, 0), tile=ct.reshape(acc / l, (1, 1, TILE_M, D)))
+
+
+@ct.kernel
+def decode_split_kernel(Q, K, V, PO, PM, PL, scale_log2: float, tiles_per_split: int,
+                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt):
+    """Partial attention of the G query heads of one KV head over one chunk of keys.
+
+    Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
+    unnormalised, with their row max PM and sum PL (B, Hkv, S, G_PAD), in log2 units.
+    """
+    split = ct.bid(0)
+    b = ct.bid(1) // K.shape[1]
+    kvh = ct.bid(1) % K.shape[1]
+    tk = K.shape[2]
+    q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
+    q = ct.astype(ct.reshape(q, (G_PAD, D)), ct.tfloat32)
+    cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+    j0 = split * tiles_per_split
+    j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))
+    m = ct.full((G_PAD, 1), NEG_INF, dtype=ct.float32)
+    l = ct.full((G_PAD, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((G_PAD, D), 0.0, dtype=ct.float32)
+    for j in range(j0, j1):
+        k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                    padding_mode=ct.PaddingMode.ZERO)
+        s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
+                   ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
+        s = ct.where(j * TILE_N + cols < tk, s, NEG_INF)
+        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+        p = ct.exp2(s - m_new)
+        alpha = ct.exp2(m - m_new)
+        l = l * alpha + ct.sum(p, axis=1, keepdims=True)
+        v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
+        acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
+                     acc * alpha)
+        m = m_new
+    ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
+    ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
+    ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
+
+
+@ct.kernel
+def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
+    """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s for one query head."""
+    b = ct.bid(0) // O.shape[1]
+    h = ct.bid(0) % O.shape[1]
+    kvh = h // group
+    g = h % group
+    m = ct.load(PM, index=(b, kvh, 0, g), shape=(1, 1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.NEG_INF)
+    l = ct.load(PL, index=(b, kvh, 0, g), shape=(1, 1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.ZERO)
+    o = ct.load(PO, index=(b, kvh, 0, g, 0), shape=(1, 1, MAX_SPLITS, 1, D), padding_mode=ct.PaddingMode.ZERO)
+    m = ct.reshape(m, (MAX_SPLITS, 1))
+    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))
+    total = ct.sum(w * ct.reshape(l, (MAX_SPLITS, 1)), axis=0, keepdims=True)
+    out = ct.sum(w * ct.reshape(o, (MAX_SPLITS, D)), axis=0, keepdims=True) / total
+    ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)))
+
+
+FLASH_TILES = {64: (64, 64), 128: (64, 64)}   # D -> (TILE_M, TILE_N)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+def decode_splits(tk: int, units: int, sm_count: int = 132) -> tuple[int, int]:
+    """(tiles per split, number of splits) so that units * splits fills the GPU twice."""
+    tiles = -(-tk // DECODE_TILE_N)
+    want = min(tiles, MAX_SPLITS, max(1, -(-2 * sm_count // units)))
+    per = -(-tiles // want)
+    return per, -(-tiles // per)
+
+
+def _attention_cupy(q, k, v, causal, scale):
+    import cupy
+
+    bsz, hq, tq, d = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    out = cupy.empty_like(q)
+    if out.size == 0:
+        return out
+    scale_log2 = float(scale) * LOG2E
+    if tq == 1:
+        per, splits = decode_splits(tk, bsz * hkv, _sm_count())
+        g_pad = max(16, next_pow2(group))
+        po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
+        pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
+        pl = cupy.empty_like(pm)
+        qg = q.reshape(bsz, hkv, group, d)
+        launch((splits, bsz * hkv, 1), decode_split_kernel,
+               (qg, k, v, po, pm, pl, scale_log2, per, d, g_pad, DECODE_TILE_N))
+        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
+        return out
+    tm, tn = FLASH_TILES.get(d, (64, 64))
+    launch((-(-tq // tm), bsz * hq, 1), flash_kernel,
+           (q, k, v, out, scale_log2, group, d, tm, tn, bool(causal)))
+    return out
+
+
+def attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """softmax(q k^T * scale [+ causal mask]) v, grouped-query aware.
+
+    q (B, Hq, Tq, D) contiguous; k, v (B, Hkv, Tk, D), unit stride on the last axis.
+    D must be a power of two up to 256 on the GPU. scale defaults to 1/sqrt(D).
+    """
+    kind = backend(q=q, k=k, v=v)
+    check("q", q, ndim=4)
+    bsz, hq, tq, d = q.shape
+    check("k", k, ndim=4, contiguous=False, inner_contiguous=True)
+    check("k", k, shape=(bsz, None, None, d))
+    check("v", v, shape=tuple(k.shape), contiguous=False, inner_contiguous=True)
+    if k.shape[1] == 0 or hq % k.shape[1]:
+        raise ValueError(f"k: query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
+    if causal and tq > k.shape[2]:
+        raise ValueError(f"q: causal attention needs Tq <= Tk, got Tq={tq}, Tk={k.shape[2]}")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if kind == "numpy":
+        return attention_reference(q, k, v, causal, scale)
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"q: head dim must be a power of two up to 256 on the GPU, got {d}")
+    return _attention_cupy(q, k, v, causal, scale)

@@ -1,0 +1,134 @@
+"""The numpy references (the specification) against independent float64 computations."""
+import math
+
+import numpy as np
+import pytest
+from conftest import rel_err
+
+import tilekernels as tk
+
+SIZES = [1, 7, 769, 1281]
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_layernorm_and_residual(rng, n):
+    x, r, w, b = f32(rng, 5, n), f32(rng, 5, n), f32(rng, n), f32(rng, n)
+    s64 = x.astype(np.float64) + r
+    mu = s64.mean(-1, keepdims=True)
+    ref = (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+    s, y = tk.add_layernorm(x, r, w, b, 1e-5)
+    assert y.dtype == np.float32 and rel_err(y, ref) <= 1e-6
+    assert rel_err(s, s64) <= 1e-7
+    assert rel_err(tk.layernorm(s, w, b), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_rmsnorm_and_residual(rng, n):
+    x, r, w = f32(rng, 3, 2, n), f32(rng, 3, 2, n), f32(rng, n)
+    s64 = x.astype(np.float64) + r
+    ref = s64 / np.sqrt((s64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    s, y = tk.add_rmsnorm(x, r, w, 1e-6)
+    assert rel_err(y, ref) <= 1e-6
+    assert rel_err(tk.rmsnorm(s, w, 1e-6), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_gelu_silu_swiglu(rng, n):
+    x, u = f32(rng, n, scale=4.0), f32(rng, n)
+    x64 = x.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    exact = 0.5 * x64 * (1 + erf(x64 / math.sqrt(2)))
+    tanh = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    silu = x64 / (1 + np.exp(-x64))
+    assert rel_err(tk.gelu(x, approximate="none"), exact) <= 1e-6
+    assert rel_err(tk.gelu(x), tanh) <= 1e-6
+    assert rel_err(tk.silu(x), silu) <= 1e-6
+    assert rel_err(tk.swiglu(x, u), silu * u) <= 1e-6
+
+
+def test_exact_gelu_is_pointwise_accurate():
+    """The erfc fit behind exact GELU is good to fp32 rounding, tails included."""
+    x = np.linspace(-12, 12, 20001).astype(np.float32)
+    x64 = x.astype(np.float64)
+    exact = 0.5 * x64 * np.vectorize(math.erfc)(-x64 / math.sqrt(2))
+    got = tk.gelu(x, approximate="none").astype(np.float64)
+    big = np.abs(exact) > 1e-30
+    assert np.max(np.abs(got[big] - exact[big]) / np.abs(exact[big])) < 5e-7
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 7, 1), (7, 769, 13), (16, 1281, 769), (33, 64, 7)])
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh"])
+def test_linear(rng, m, k, n, act):
+    x, w, b = f32(rng, m, k), f32(rng, n, k), f32(rng, n)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    if act == "gelu":
+        ref = 0.5 * ref * (1 + np.vectorize(math.erf)(ref / math.sqrt(2)))
+    elif act == "gelu_tanh":
+        ref = 0.5 * ref * (1 + np.tanh(math.sqrt(2 / math.pi) * (ref + 0.044715 * ref ** 3)))
+    assert rel_err(tk.linear(x, w, b, activation=act), ref) <= 1e-5
+    assert tk.linear(x.reshape(1, m, k), w).shape == (1, m, n)
+
+
+@pytest.mark.parametrize("n", SIZES + [50257])
+def test_softmax(rng, n):
+    x = f32(rng, 3, n, scale=10.0)
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    assert rel_err(tk.softmax(x), e / e.sum(-1, keepdims=True)) <= 1e-6
+    e0 = np.exp(x64 - x64.max(0, keepdims=True))
+    assert rel_err(tk.softmax(x, axis=0), e0 / e0.sum(0, keepdims=True)) <= 1e-6
+
+
+def _rope64(x, pos, rd, theta):
+    inv = 1.0 / theta ** (np.arange(0, rd, 2) / rd)
+    ang = pos[..., None].astype(np.float64) * inv           # (B, T, rd/2)
+    cos, sin = np.cos(ang)[:, :, None, :], np.sin(ang)[:, :, None, :]
+    out = x.astype(np.float64).copy()
+    x1, x2 = x[..., : rd // 2].astype(np.float64), x[..., rd // 2: rd].astype(np.float64)
+    out[..., : rd // 2] = x1 * cos - x2 * sin
+    out[..., rd // 2: rd] = x2 * cos + x1 * sin
+    return out
+
+
+@pytest.mark.parametrize("heads,d,rd", [(1, 8, 8), (3, 64, 32), (4, 128, 128)])
+def test_rope_partial_and_positions(rng, heads, d, rd):
+    x = f32(rng, 2, 7, heads, d)
+    pos = np.stack([np.arange(7), np.arange(100, 107)])          # ragged starting points
+    cos, sin = tk.rope_cos_sin(pos, rd, 10000.0)
+    y = tk.rope(x, cos, sin, rd)
+    assert rel_err(y, _rope64(x, pos, rd, 10000.0)) <= 1e-5
+    np.testing.assert_array_equal(y[..., rd:], x[..., rd:])
+
+
+def _attn64(q, k, v, causal, scale):
+    g = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, g, 1).astype(np.float64), np.repeat(v, g, 1).astype(np.float64)
+    s = q.astype(np.float64) @ k.transpose(0, 1, 3, 2) * scale
+    tq, tk_ = q.shape[2], k.shape[2]
+    if causal:
+        s[..., np.arange(tk_)[None, :] > np.arange(tq)[:, None] + tk_ - tq] = -np.inf
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("tq,tk_,causal", [(1, 1, True), (7, 7, True), (5, 77, True), (1, 769, True),
+                                           (13, 29, False)])
+def test_attention_gqa_causal_offset(rng, tq, tk_, causal):
+    q, k, v = f32(rng, 2, 4, tq, 16), f32(rng, 2, 2, tk_, 16), f32(rng, 2, 2, tk_, 16)
+    got = tk.attention(q, k, v, causal=causal, scale=0.3)
+    assert rel_err(got, _attn64(q, k, v, causal, 0.3)) <= 1e-5
+
+
+@pytest.mark.parametrize("t,stride", [(7, 1), (7, 2), (30, 2), (1, 1)])
+def test_conv1d(rng, t, stride):
+    x, w, b = f32(rng, 2, 5, t), f32(rng, 6, 5, 3), f32(rng, 6)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1)))
+    t_out = (t + 2 - 3) // stride + 1
+    ref = np.zeros((2, 6, t_out))
+    for o in range(t_out):
+        ref[:, :, o] = np.einsum("bck,ock->bo", xp[:, :, o * stride: o * stride + 3], w) + b
+    assert rel_err(tk.conv1d(x, w, b, stride=stride, padding=1), ref) <= 1e-6

@@ -1,0 +1,43 @@
+"""Dispatch and argument validation: errors name the argument, what was expected, what came."""
+import numpy as np
+import pytest
+
+import tilekernels as tk
+
+x = np.zeros((4, 8), np.float32)
+w = np.ones(8, np.float32)
+
+
+class FakeCupy:
+    """Stands in for a cupy array (same module name) to test mixing without a GPU."""
+    __module__ = "cupy._core.core"
+    __cuda_array_interface__ = {}
+
+
+def test_numpy_in_numpy_out():
+    y = tk.layernorm(x + 1, w, w)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == x.shape
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: tk.layernorm(x.astype(np.float64), w, w), "x: expected dtype float32, got float64"),
+    (lambda: tk.layernorm(x, np.ones(7, np.float32), w), r"weight: expected shape \(8\), got \(7,\)"),
+    (lambda: tk.rmsnorm(x[:, ::2], w[:4]), "x: expected a C-contiguous array"),
+    (lambda: tk.linear(x, np.ones((3, 7), np.float32)), r"weight: expected shape \(\*, 8\)"),
+    (lambda: tk.linear(x, np.ones((3, 8), np.float32), activation="relu"), "activation: expected one of"),
+    (lambda: tk.gelu(x, approximate="fast"), "approximate: expected 'tanh' or 'none'"),
+    (lambda: tk.attention(np.zeros((1, 3, 2, 8), np.float32), np.zeros((1, 2, 2, 8), np.float32),
+                          np.zeros((1, 2, 2, 8), np.float32)), "multiple of key/value heads"),
+    (lambda: tk.attention(np.zeros((1, 2, 5, 8), np.float32), np.zeros((1, 2, 3, 8), np.float32),
+                          np.zeros((1, 2, 3, 8), np.float32), causal=True), "Tq <= Tk"),
+    (lambda: tk.attention(np.zeros((2, 8), np.float32), x, x), "q: expected 4 dimensions"),
+    (lambda: tk.conv1d(np.zeros((1, 4, 2), np.float32), np.zeros((5, 4, 3), np.float32)), "too short"),
+    (lambda: tk.rope(np.zeros((1, 2, 1, 8), np.float32), np.zeros((2, 4), np.float32),
+                     np.zeros((2, 4), np.float32), rotary_dim=7), "rotary_dim: expected an even"),
+    (lambda: tk.softmax(x, axis=2), "axis: expected"),
+    (lambda: tk.silu([1.0, 2.0]), "x: expected a numpy or cupy array, got list"),
+    (lambda: tk.swiglu(x, FakeCupy()), "all be numpy or all be cupy"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
