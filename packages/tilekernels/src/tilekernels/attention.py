@@ -199,7 +199,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None):
     check("q", q, ndim=4)
     bsz, hq, tq, d = q.shape
     check("k", k, ndim=4, contiguous=False, inner_contiguous=True)
-    check("k", k, shape=(bsz, None, None, d))
+    check("k", k, shape=(bsz, None, None, d), contiguous=False)
     check("v", v, shape=tuple(k.shape), contiguous=False, inner_contiguous=True)
     if k.shape[1] == 0 or hq % k.shape[1]:
         raise ValueError(f"k: query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
