@@ -23,8 +23,12 @@ ARCHS = ["sm_80", "sm_90", "sm_100", "sm_120"]
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
 
 
-def arr(ndim, contiguous=True):
-    return ArrayConstraint(ct.float32, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+def iarr(ndim):
+    return arr(ndim, dtype=ct.int32)
+
+
+def arr(ndim, contiguous=True, dtype=ct.float32):
+    return ArrayConstraint(dtype, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
                            alias_groups=(), may_alias_internally=False,
                            stride_constant=(None,) * (ndim - 1) + (1,) if contiguous else None)
 
@@ -56,9 +60,9 @@ def specializations():
         tm, tn = attention.FLASH_TILES[d]
         for causal in (False, True):
             out.append((f"flash-{d}-{causal}", attention.flash_kernel,
-                        [arr(4), arr(4, False), arr(4, False), arr(4), F32, I32, d, tm, tn, causal]))
+                        [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal]))
         out.append((f"decode-{d}", attention.decode_split_kernel,
-                    [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), F32, I32,
+                    [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), F32, I32,
                      d, 16, attention.DECODE_TILE_N]))
         out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(5), arr(4), arr(4), arr(4), I32, d]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k

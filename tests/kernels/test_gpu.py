@@ -102,3 +102,14 @@ def test_conv1d(poisoned, rng, b, cin, cout, t, stride):
     (x, gx), (w, gw), (bias, gb) = pair(rng, b, cin, t), pair(rng, cout, cin, 3), pair(rng, cout)
     ref = tk.conv1d(x, w, bias, stride=stride, padding=1, activation="gelu")
     assert rel_err(tk.conv1d(gx, gw, gb, stride=stride, padding=1, activation="gelu"), ref) <= TF32
+
+
+@pytest.mark.parametrize("tq,tk_", [(40, 40), (1, 300), (3, 130)])
+def test_attention_left_padding(poisoned, rng, tq, tk_):
+    import cupy
+
+    (q, gq), (k, gk), (v, gv) = pair(rng, 3, 8, tq, 64), pair(rng, 3, 2, tk_, 64), pair(rng, 3, 2, tk_, 64)
+    start = np.array([0, 17, tk_ - tq], np.int32)
+    ref = tk.attention(q, k, v, causal=True, kv_start=start)
+    got = tk.attention(gq, gk, gv, causal=True, kv_start=cupy.asarray(start))
+    assert rel_err(got, ref) <= TF32

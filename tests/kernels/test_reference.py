@@ -132,3 +132,16 @@ def test_conv1d(rng, t, stride):
     for o in range(t_out):
         ref[:, :, o] = np.einsum("bck,ock->bo", xp[:, :, o * stride: o * stride + 3], w) + b
     assert rel_err(tk.conv1d(x, w, b, stride=stride, padding=1), ref) <= 1e-6
+
+
+def test_attention_left_padding_equals_unpadded(rng):
+    """Real rows of a left-padded sequence attend exactly as the unpadded sequence does."""
+    q, k, v = f32(rng, 2, 2, 9, 8), f32(rng, 2, 2, 9, 8), f32(rng, 2, 2, 9, 8)
+    start = np.array([0, 4], np.int32)
+    got = tk.attention(q, k, v, causal=True, kv_start=start)
+    c = np.ascontiguousarray
+    alone = tk.attention(c(q[1:, :, 4:]), c(k[1:, :, 4:]), c(v[1:, :, 4:]), causal=True)
+    np.testing.assert_allclose(got[1:, :, 4:], alone, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(got).all()
+    decode = tk.attention(c(q[:, :, -1:]), k, v, causal=True, kv_start=start)
+    np.testing.assert_allclose(decode, got[:, :, -1:], rtol=1e-5, atol=1e-6)

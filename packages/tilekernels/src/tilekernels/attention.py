@@ -18,7 +18,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch, next_pow2
+from ._arrays import array_module, backend, check, launch, next_pow2
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -28,23 +28,33 @@ DECODE_TILE_N = 64
 MAX_SPLITS = 64     # the merge kernel holds all splits of one head in one tile
 
 
+def visible_keys(tq: int, tk: int, causal: bool, kv_start: np.ndarray) -> np.ndarray:
+    """(B, 1, Tq, Tk) mask: the keys each query attends to (the spec the kernels follow).
+
+    Keys before kv_start[b] are left padding: hidden from real queries; padding queries
+    (positions before kv_start[b]) see them, so no row is ever empty.
+    """
+    key = np.arange(tk)[None, None, None, :]
+    row = (np.arange(tq) + tk - tq)[None, None, :, None]
+    start = np.asarray(kv_start).reshape(-1, 1, 1, 1)
+    ok = (key >= start) | (row < start)
+    return ok & (key <= row) if causal else ok
+
+
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool,
-                        scale: float) -> np.ndarray:
+                        scale: float, kv_start: np.ndarray) -> np.ndarray:
     group = q.shape[1] // k.shape[1]
     k64 = np.repeat(k.astype(np.float64), group, axis=1)
     v64 = np.repeat(v.astype(np.float64), group, axis=1)
     s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k64) * scale
-    if causal:
-        tq, tk = q.shape[2], k.shape[2]
-        allowed = np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
-        s = np.where(allowed, s, -np.inf)
+    s = np.where(visible_keys(q.shape[2], k.shape[2], causal, kv_start), s, -np.inf)
     s = np.exp(s - s.max(axis=-1, keepdims=True))
     s /= s.sum(axis=-1, keepdims=True)
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
 
 
 @ct.kernel
-def flash_kernel(Q, K, V, O, scale_log2: float, group: int,
+def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                  D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool):
     """One TILE_M block of queries of one (batch, head) against all visible keys."""
     mt = ct.bid(0)
@@ -55,6 +65,7 @@ def flash_kernel(Q, K, V, O, scale_log2: float, group: int,
     offset = tk - Q.shape[2]
     q = ct.load(Q, index=(b, h, mt, 0), shape=(1, 1, TILE_M, D), padding_mode=ct.PaddingMode.ZERO)
     q = ct.astype(ct.reshape(q, (TILE_M, D)), ct.tfloat32)
+    kstart = ct.load(KS, index=(b,), shape=())
     rows = offset + mt * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
     if CAUSAL:
@@ -71,15 +82,16 @@ def flash_kernel(Q, K, V, O, scale_log2: float, group: int,
                     padding_mode=ct.PaddingMode.ZERO)
         s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
                    ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
-        if j >= unmasked:
+        if j >= unmasked or j * TILE_N < kstart:
             key = j * TILE_N + cols
-            visible = key < tk
+            visible = (key < tk) & ((key >= kstart) | (rows < kstart))
             if CAUSAL:
                 visible = visible & (key <= rows)
             s = ct.where(visible, s, NEG_INF)
         m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        p = ct.exp2(s - m_new)
-        alpha = ct.exp2(m - m_new)
+        m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)      # a row with no key yet
+        p = ct.exp2(s - m_safe)
+        alpha = ct.exp2(m - m_safe)
         l = l * alpha + ct.sum(p, axis=1, keepdims=True)
         v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
         acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
@@ -89,7 +101,7 @@ def flash_kernel(Q, K, V, O, scale_log2: float, group: int,
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, PO, PM, PL, scale_log2: float, tiles_per_split: int,
+def decode_split_kernel(Q, K, V, PO, PM, PL, KS, scale_log2: float, tiles_per_split: int,
                         D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt):
     """Partial attention of the G query heads of one KV head over one chunk of keys.
 
@@ -103,6 +115,7 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, scale_log2: float, tiles_per_split:
     q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
     q = ct.astype(ct.reshape(q, (G_PAD, D)), ct.tfloat32)
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+    kstart = ct.load(KS, index=(b,), shape=())
     j0 = split * tiles_per_split
     j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))
     m = ct.full((G_PAD, 1), NEG_INF, dtype=ct.float32)
@@ -113,10 +126,12 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, scale_log2: float, tiles_per_split:
                     padding_mode=ct.PaddingMode.ZERO)
         s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
                    ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
-        s = ct.where(j * TILE_N + cols < tk, s, NEG_INF)
+        key = j * TILE_N + cols
+        s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
         m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        p = ct.exp2(s - m_new)
-        alpha = ct.exp2(m - m_new)
+        m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)      # a chunk of padding only
+        p = ct.exp2(s - m_safe)
+        alpha = ct.exp2(m - m_safe)
         l = l * alpha + ct.sum(p, axis=1, keepdims=True)
         v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
         acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
@@ -138,7 +153,7 @@ def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
     l = ct.load(PL, index=(b, kvh, 0, g), shape=(1, 1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.ZERO)
     o = ct.load(PO, index=(b, kvh, 0, g, 0), shape=(1, 1, MAX_SPLITS, 1, D), padding_mode=ct.PaddingMode.ZERO)
     m = ct.reshape(m, (MAX_SPLITS, 1))
-    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))
+    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
     total = ct.sum(w * ct.reshape(l, (MAX_SPLITS, 1)), axis=0, keepdims=True)
     out = ct.sum(w * ct.reshape(o, (MAX_SPLITS, D)), axis=0, keepdims=True) / total
     ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)))
@@ -162,7 +177,7 @@ def decode_splits(tk: int, units: int, sm_count: int = 132) -> tuple[int, int]:
     return per, -(-tiles // per)
 
 
-def _attention_cupy(q, k, v, causal, scale):
+def _attention_cupy(q, k, v, causal, scale, kv_start):
     import cupy
 
     bsz, hq, tq, d = q.shape
@@ -180,22 +195,23 @@ def _attention_cupy(q, k, v, causal, scale):
         pl = cupy.empty_like(pm)
         qg = q.reshape(bsz, hkv, group, d)
         launch((splits, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, po, pm, pl, scale_log2, per, d, g_pad, DECODE_TILE_N))
+               (qg, k, v, po, pm, pl, kv_start, scale_log2, per, d, g_pad, DECODE_TILE_N))
         launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
         return out
     tm, tn = FLASH_TILES.get(d, (64, 64))
     launch((-(-tq // tm), bsz * hq, 1), flash_kernel,
-           (q, k, v, out, scale_log2, group, d, tm, tn, bool(causal)))
+           (q, k, v, out, kv_start, scale_log2, group, d, tm, tn, bool(causal)))
     return out
 
 
-def attention(q, k, v, causal: bool = False, scale: float | None = None):
+def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_start=None):
     """softmax(q k^T * scale [+ causal mask]) v, grouped-query aware.
 
     q (B, Hq, Tq, D) contiguous; k, v (B, Hkv, Tk, D), unit stride on the last axis.
+    kv_start: optional int32 (B,), the first real key of each sequence (left padding).
     D must be a power of two up to 256 on the GPU. scale defaults to 1/sqrt(D).
     """
-    kind = backend(q=q, k=k, v=v)
+    kind = backend(q=q, k=k, v=v, kv_start=kv_start)
     check("q", q, ndim=4)
     bsz, hq, tq, d = q.shape
     check("k", k, ndim=4, contiguous=False, inner_contiguous=True)
@@ -205,9 +221,12 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None):
         raise ValueError(f"k: query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
     if causal and tq > k.shape[2]:
         raise ValueError(f"q: causal attention needs Tq <= Tk, got Tq={tq}, Tk={k.shape[2]}")
+    if kv_start is None:
+        kv_start = array_module(q).zeros(bsz, dtype=np.int32)
+    check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if kind == "numpy":
-        return attention_reference(q, k, v, causal, scale)
+        return attention_reference(q, k, v, causal, scale, kv_start)
     if d & (d - 1) or d > 256:
         raise ValueError(f"q: head dim must be a power of two up to 256 on the GPU, got {d}")
-    return _attention_cupy(q, k, v, causal, scale)
+    return _attention_cupy(q, k, v, causal, scale, kv_start)

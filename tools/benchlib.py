@@ -1,0 +1,90 @@
+"""Shared pieces of the GPU benchmark and parity tools: timing, versions, result files."""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpu_name() -> str:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+
+
+def gpu_slug() -> str:
+    """'NVIDIA H200' -> 'h200', for result file names."""
+    name = gpu_name().lower().replace("nvidia", "").strip()
+    return name.split()[0].replace("/", "-") if name else "gpu"
+
+
+def versions() -> dict:
+    import cupy
+    import cuda.tile as ct
+    import numpy
+
+    out = {"python": platform.python_version(), "numpy": numpy.__version__, "cupy": cupy.__version__,
+           "cuda_tile": ct.__version__, "cuda_driver": cupy.cuda.runtime.driverGetVersion()}
+    for mod in ("torch", "transformers"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
+    """Median device time of fn() in ms, CUDA events around each call on the current stream."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def first_call_ms(fn) -> float:
+    """Wall time of the first call (includes cuTile's JIT compile on a fresh host)."""
+    import time
+
+    import cupy
+
+    t = time.perf_counter()
+    fn()
+    cupy.cuda.get_current_stream().synchronize()
+    return (time.perf_counter() - t) * 1e3
+
+
+def torch_stream_sync():
+    """Make torch and cupy share the default stream ordering (both use the legacy stream)."""
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def write_result(name: str, payload: dict, out_dir: str | None, markdown: str | None = None) -> Path:
+    out = Path(out_dir) if out_dir else ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{gpu_slug()}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    if markdown is not None:
+        path.with_suffix(".md").write_text(markdown)
+    print(f"wrote {path}", file=sys.stderr)
+    return path
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
