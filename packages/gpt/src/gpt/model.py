@@ -1,0 +1,134 @@
+"""GPT-2, written once against the tilekernels ops: numpy arrays run it on the CPU
+(reference kernels), cupy arrays on the GPU (cuTile kernels)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import tilekernels as tk
+
+from .checkpoint import CheckpointError, load_tensors, read_config, take
+from .config import GPTConfig
+
+
+@dataclass
+class Block:
+    ln_1: tuple
+    attn_w: object     # (3C, C), nn.Linear layout
+    attn_b: object
+    proj_w: object
+    proj_b: object
+    ln_2: tuple
+    fc_w: object
+    fc_b: object
+    out_w: object
+    out_b: object
+
+
+@dataclass
+class KVCache:
+    """Keys and values for every layer, allocated once at full length: (L, B, H, T_max, D)."""
+    k: object
+    v: object
+    length: int = 0          # positions filled so far
+
+
+class GPT:
+    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tuple, lm_head):
+        self.config, self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head = (
+            config, wte, wpe, blocks, ln_f, lm_head)
+        self.xp = tk.array_module(wte)
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, directory: Path, device: str = "cpu") -> "GPT":
+        """Read config.json and the safetensors of a GPT-2 checkpoint directory."""
+        config = GPTConfig.from_hf(read_config(directory))
+        t = load_tensors(directory, strip_prefixes=("transformer.",))
+        c, v, inner = config.n_embd, config.vocab_size, config.inner
+
+        def lin(key, n_in, n_out):     # Conv1D stores [in, out]; kernels take [out, in]
+            return (np.ascontiguousarray(take(t, key + ".weight", (n_in, n_out)).T),
+                    take(t, key + ".bias", (n_out,)))
+
+        def ln(key):
+            return take(t, key + ".weight", (c,)), take(t, key + ".bias", (c,))
+
+        blocks = []
+        for i in range(config.n_layer):
+            p = f"h.{i}."
+            blocks.append(Block(ln(p + "ln_1"), *lin(p + "attn.c_attn", c, 3 * c), *lin(p + "attn.c_proj", c, c),
+                                ln(p + "ln_2"), *lin(p + "mlp.c_fc", c, inner), *lin(p + "mlp.c_proj", inner, c)))
+        wte = take(t, "wte.weight", (v, c))
+        lm_head = take(t, "lm_head.weight", (v, c)) if "lm_head.weight" in t else wte
+        model = cls(config, wte, take(t, "wpe.weight", (config.n_positions, c)), blocks, ln("ln_f"), lm_head)
+        return model.to(device)
+
+    def to(self, device: str) -> "GPT":
+        """Move every weight to 'cpu' (numpy) or 'gpu' (cupy)."""
+        if device == "gpu":
+            import cupy
+
+            move = cupy.asarray
+        elif device == "cpu":
+            move = lambda a: a.get() if tk.is_device(a) else a  # noqa: E731
+        else:
+            raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
+
+        def m(x):
+            return tuple(move(a) for a in x) if isinstance(x, tuple) else move(x)
+
+        blocks = [Block(*(m(getattr(b, f)) for f in Block.__dataclass_fields__)) for b in self.blocks]
+        tied = self.lm_head is self.wte
+        wte = move(self.wte)
+        return GPT(self.config, wte, move(self.wpe), blocks, m(self.ln_f), wte if tied else move(self.lm_head))
+
+    # ------------------------------------------------------------ inference
+    def new_cache(self, batch: int, length: int) -> KVCache:
+        c = self.config
+        shape = (c.n_layer, batch, c.n_head, length, c.head_dim)
+        return KVCache(self.xp.zeros(shape, np.float32), self.xp.zeros(shape, np.float32))
+
+    def attention(self, i: int, blk: Block, h, cache: KVCache, kv_start):
+        """Causal self-attention of the new tokens h (B, T, C) over the cache and themselves."""
+        b, t, c = h.shape
+        xp, nh = self.xp, self.config.n_head
+        qkv = tk.linear(h, blk.attn_w, blk.attn_b).reshape(b, t, 3, nh, c // nh)
+        q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
+        start, end = cache.length, cache.length + t
+        cache.k[i, :, :, start:end] = k
+        cache.v[i, :, :, start:end] = v
+        y = tk.attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], causal=True,
+                         scale=self.config.attn_scale(i), kv_start=kv_start)
+        y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
+        return tk.linear(y, blk.proj_w, blk.proj_b)
+
+    def mlp(self, blk: Block, h):
+        return tk.linear(tk.linear(h, blk.fc_w, blk.fc_b, activation=self.config.activation), blk.out_w, blk.out_b)
+
+    def forward(self, ids, positions, cache: KVCache, kv_start=None, last_only: bool = True):
+        """Logits for the new tokens ids (B, T) at positions (B, T), appending them to the cache.
+
+        Returns (B, V) for the last position when last_only, else (B, T, V).
+        """
+        xp, eps = self.xp, self.config.layer_norm_epsilon
+        if cache.length + ids.shape[1] > cache.k.shape[3]:
+            raise ValueError(f"sequence of {cache.length + ids.shape[1]} tokens exceeds the cache "
+                             f"({cache.k.shape[3]})")
+        if kv_start is None:
+            kv_start = xp.zeros(ids.shape[0], np.int32)
+        x = self.wte[ids] + self.wpe[positions]
+        h = tk.layernorm(x, *self.blocks[0].ln_1, eps)
+        for i, blk in enumerate(self.blocks):
+            x, h = tk.add_layernorm(x, self.attention(i, blk, h, cache, kv_start), *blk.ln_2, eps)
+            nxt = self.blocks[i + 1].ln_1 if i + 1 < len(self.blocks) else self.ln_f
+            x, h = tk.add_layernorm(x, self.mlp(blk, h), *nxt, eps)
+        cache.length += ids.shape[1]
+        if last_only:
+            h = xp.ascontiguousarray(h[:, -1])
+        return tk.linear(h, self.lm_head)
+
+
+__all__ = ["GPT", "GPTConfig", "KVCache", "CheckpointError"]

@@ -1,0 +1,127 @@
+"""Sampling filters on hand-made logits, the generation loop, streaming text, the CLI."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from checkpoints import make_gpt2, make_tokenizer
+
+from gpt.generation import generate
+from gpt.model import GPT
+from gpt.sampling import (Sampling, apply_repetition_penalty, filter_top_k, filter_top_p, next_tokens)
+from gpt.tokenizer import TextStream, load_tokenizer
+
+
+def test_top_k_keeps_k_largest():
+    x = np.array([[1.0, 5.0, 3.0, 4.0, 2.0]])
+    assert np.isfinite(filter_top_k(x, 2)).tolist() == [[False, True, False, True, False]]
+    np.testing.assert_array_equal(filter_top_k(x, 0), x)
+
+
+def test_top_p_keeps_smallest_nucleus():
+    p = np.array([[0.5, 0.3, 0.15, 0.05]])
+    kept = np.isfinite(filter_top_p(np.log(p), 0.75))
+    assert kept.tolist() == [[True, True, False, False]]
+    assert np.isfinite(filter_top_p(np.log(p), 0.01)).sum() == 1      # always at least one
+
+
+def test_repetition_penalty_divides_positive_multiplies_negative():
+    x = np.array([[2.0, -2.0, 1.0]])
+    out = apply_repetition_penalty(x, [np.array([0, 1, 1])], 2.0)
+    assert out.tolist() == [[1.0, -4.0, 1.0]]
+
+
+def test_greedy_and_seeded_sampling():
+    logits = np.log(np.array([[0.1, 0.6, 0.3], [0.7, 0.2, 0.1]]))
+    seen = [np.array([], int)] * 2
+    assert next_tokens(logits, seen, Sampling(temperature=0), None).tolist() == [1, 0]
+    draws = [next_tokens(logits, seen, Sampling(), np.random.default_rng(7)).tolist() for _ in range(2)]
+    assert draws[0] == draws[1]
+    counts = np.bincount([next_tokens(logits[:1], seen, Sampling(), r)[0]
+                          for r in [np.random.default_rng(i) for i in range(2000)]], minlength=3)
+    assert abs(counts[1] / 2000 - 0.6) < 0.05
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1)])
+def test_sampling_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        Sampling(**bad)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_gpt2(tmp_path_factory.mktemp("gen"), n_positions=64)
+
+
+def test_tokenizer_round_trip_and_streaming(ckpt):
+    tok = load_tokenizer(ckpt)
+    text = "Café naïve 東京 émigré, to be or not."
+    ids = tok.encode(text).ids
+    assert tok.decode(ids) == text
+    stream = TextStream(tok)
+    pieces = [stream.push(i) for i in ids]
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+
+
+def test_generate_batch_seed_and_stop(ckpt):
+    model, tok = GPT.load(ckpt), load_tokenizer(ckpt)
+    s = Sampling(temperature=1.0, top_k=50)
+    a = generate(model, tok, ["To be", "the slings and arrows of"], 12, s, seed=3, num_samples=2)
+    b = generate(model, tok, ["To be", "the slings and arrows of"], 12, s, seed=3, num_samples=2)
+    assert [o.tokens for o in a] == [o.tokens for o in b] and len(a) == 4
+    greedy = generate(model, tok, ["To be"], 10, Sampling(temperature=0))[0]
+    alone = generate(model, tok, ["the slings and arrows of"], 10, Sampling(temperature=0))[0]
+    batched = generate(model, tok, ["To be", "the slings and arrows of"], 10, Sampling(temperature=0))
+    assert [o.tokens for o in batched] == [greedy.tokens, alone.tokens]     # left padding is invisible
+    pieces = []
+    text = greedy.text
+    if len(text) > 3:
+        stop = text[2:4]
+        out = generate(model, tok, ["To be"], 10, Sampling(temperature=0), stop=[stop],
+                       on_text=lambda i, p: pieces.append(p))[0]
+        assert out.text == text[: text.index(stop)] and "".join(pieces) == out.text
+
+
+def test_prompt_too_long_is_refused(ckpt):
+    model, tok = GPT.load(ckpt), load_tokenizer(ckpt)
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        generate(model, tok, [list(range(60))], 10, Sampling())
+
+
+def cli(*args, env=None):
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "gpt.generate", *args], capture_output=True, text=True,
+                          env=e, timeout=300)
+
+
+def test_cli_end_to_end(ckpt, tmp_path):
+    r = cli(f"model.path={ckpt}", "prompt=To be", "max_new_tokens=8", "seed=1", "device=cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("To be") and len(r.stdout) > len("To be\n")
+    again = cli(f"model.path={ckpt}", "prompt=To be", "max_new_tokens=8", "seed=1", "device=cpu")
+    assert again.stdout == r.stdout
+    (tmp_path / "p.txt").write_text("whether")
+    r = cli(f"model.path={ckpt}", f"prompt_file={tmp_path / 'p.txt'}", "max_new_tokens=4", "num_samples=2",
+            "device=cpu")
+    assert r.returncode == 0 and r.stdout.count("--- sample") == 2
+    r = cli(f"model.path={ckpt}", "prompt=", "max_new_tokens=4", "device=cpu")          # starts from eos
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["model=gpt2"], "not in the local cache and the hub is unreachable"),
+    (["model.path=/nonexistent/dir"], "/nonexistent/dir: no such directory"),
+    (["temperature=-1"], "temperature must be >= 0"),
+    (["top_p=0"], "top_p must be in (0, 1]"),
+    (["top_p=1.5"], "top_p must be in (0, 1]"),
+    (["top_k=-3"], "top_k must be >= 0"),
+    (["prompt_file=/nonexistent.txt"], "prompt_file /nonexistent.txt: cannot read"),
+    (["max_new_tokens=500"], "exceeds the model's 64 positions"),
+])
+def test_cli_bad_input_one_line(ckpt, args, message):
+    base = [] if args[0].startswith("model") else [f"model.path={ckpt}"]
+    r = cli(*base, *args, "device=cpu", env={"HF_HOME": "/tmp/empty-hf-home"})
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

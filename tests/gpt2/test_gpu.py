@@ -1,0 +1,25 @@
+"""The GPT-2 model on the GPU (cuTile kernels) against the same model on the CPU (references)."""
+import cupy
+import numpy as np
+import pytest
+from checkpoints import make_gpt2
+
+from gpt.generation import generate
+from gpt.model import GPT
+from gpt.sampling import Sampling
+from gpt.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.gpu
+
+
+def test_gpu_logits_and_greedy_tokens_match_cpu(tmp_path, poisoned):
+    d = make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=3, n_positions=128)
+    cpu, gpu, tok = GPT.load(d, "cpu"), GPT.load(d, "gpu"), load_tokenizer(d)
+    ids = list(range(3, 40))
+    ref = cpu.forward(np.array([ids]), np.arange(len(ids))[None], cpu.new_cache(1, len(ids)), last_only=False)
+    got = gpu.forward(cupy.asarray([ids]), cupy.arange(len(ids))[None], gpu.new_cache(1, len(ids)), last_only=False)
+    assert np.linalg.norm(got.get() - ref) / np.linalg.norm(ref) < 1e-3
+    prompts = ["To be", "the slings and arrows of outrageous"]
+    a = generate(cpu, tok, prompts, 20, Sampling(temperature=0))
+    b = generate(gpu, tok, prompts, 20, Sampling(temperature=0))
+    assert [o.tokens for o in a] == [o.tokens for o in b]

@@ -1,0 +1,97 @@
+"""GPT-2 prefill latency and decode throughput, ours vs transformers eager (GPU host).
+
+    python tools/bench_gpt.py [--out DIR]
+
+gpt2 and gpt2-medium configurations with random weights, fp32 (TF32 allowed for both).
+Prefill: one forward over B x T tokens. Decode: 256 greedy steps after a 32-token prompt,
+each step a forward of one token per sequence plus the argmax on the host, as
+gpt.generate runs it; transformers runs generate() with a static 256 new tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import cupy
+import numpy as np
+import torch
+
+from benchlib import gpu_name, markdown_table, time_ms, versions, write_result
+from gpt.model import GPT
+
+torch.backends.cuda.matmul.allow_tf32 = True
+CONFIGS = {"gpt2": dict(n_embd=768, n_layer=12, n_head=12), "gpt2-medium": dict(n_embd=1024, n_layer=24, n_head=16)}
+
+
+def ours_decode(model: GPT, batch: int, prompt: int, steps: int) -> float:
+    ids = np.random.default_rng(0).integers(0, 50257, (batch, prompt))
+    cache = model.new_cache(batch, prompt + steps)
+    logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
+    cupy.cuda.Device().synchronize()
+    t = time.perf_counter()
+    for s in range(steps):
+        tok = cupy.asnumpy(logits).argmax(-1)
+        logits = model.forward(cupy.asarray(tok[:, None]), cupy.full((batch, 1), prompt + s), cache)
+    cupy.cuda.Device().synchronize()
+    return batch * steps / (time.perf_counter() - t)
+
+
+def hf_decode(hf, batch: int, prompt: int, steps: int) -> float:
+    ids = torch.randint(0, 50257, (batch, prompt), device="cuda")
+    kw = dict(do_sample=False, pad_token_id=50256, attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        hf.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        hf.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        torch.cuda.synchronize()
+        prefill = time.perf_counter() - t
+        t = time.perf_counter()
+        hf.generate(ids, max_new_tokens=steps + 1, min_new_tokens=steps + 1, **kw)
+        torch.cuda.synchronize()
+    return batch * steps / (time.perf_counter() - t - prefill)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    ap.add_argument("--steps", type=int, default=256)
+    args = ap.parse_args()
+    import tempfile
+    from pathlib import Path
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    rows = []
+    for name, dims in CONFIGS.items():
+        torch.manual_seed(0)
+        hf = GPT2LMHeadModel(GPT2Config(**dims, attn_implementation="sdpa")).cuda().eval()
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp, safe_serialization=True)
+            ours = GPT.load(Path(tmp), "gpu")
+        for b in (1, 8):
+            for t in (128, 512, 1024):
+                ids = np.random.default_rng(1).integers(0, 50257, (b, t))
+                gids, gpos = cupy.asarray(ids), cupy.arange(t)[None].repeat(b, 0)
+                ms = time_ms(lambda: ours.forward(gids, gpos, ours.new_cache(b, t), last_only=False), 2, 5)
+                tids = torch.as_tensor(ids, device="cuda")
+                with torch.no_grad():
+                    hms = time_ms(lambda: hf(tids), 2, 5)
+                rows.append({"model": name, "phase": "prefill", "batch": b, "tokens": t, "ours_ms": round(ms, 3),
+                             "transformers_ms": round(hms, 3), "ours_tok_s": round(b * t / ms * 1e3),
+                             "transformers_tok_s": round(b * t / hms * 1e3)})
+                print(rows[-1], flush=True)
+            ot, ht = ours_decode(ours, b, 32, args.steps), hf_decode(hf, b, 32, args.steps)
+            rows.append({"model": name, "phase": "decode", "batch": b, "tokens": args.steps,
+                         "ours_tok_s": round(ot, 1), "transformers_tok_s": round(ht, 1)})
+            print(rows[-1], flush=True)
+        del hf, ours
+    md = f"GPU: {gpu_name()}; fp32 weights, TF32 allowed; transformers eager (sdpa).\n\n" + markdown_table(
+        ["model", "phase", "batch", "tokens", "ours tok/s", "transformers tok/s", "speedup"],
+        [[r["model"], r["phase"], r["batch"], r["tokens"], r["ours_tok_s"], r["transformers_tok_s"],
+          f"{r['ours_tok_s'] / r['transformers_tok_s']:.2f}x"] for r in rows])
+    write_result("gpt", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out, md)
+
+
+if __name__ == "__main__":
+    main()
