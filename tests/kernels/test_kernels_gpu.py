@@ -50,7 +50,12 @@ def test_linear(poisoned, rng, m, k, n, act):
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
     if act:
         ref = tk.gelu(ref.astype(np.float32), approximate="none")
-    assert rel_err(tk.linear(gx, gw, gb, activation=act), ref) <= TF32
+    out = tk.linear(gx, gw, gb, activation=act)
+    # TF32 rounds each operand to 2^-11: the error of a sum of products is bounded relative
+    # to sum |x||w|, which matters when few outputs (M = N = 1) exhibit cancellation
+    scale = np.abs(x).astype(np.float64) @ np.abs(w).T + np.abs(b)
+    assert np.linalg.norm(out.get() - ref) / np.linalg.norm(scale) <= TF32
+    assert rel_err(out, ref) <= TF32 or m * n < 64
 
 
 def test_linear_without_bias_tanh(poisoned, rng):
