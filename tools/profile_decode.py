@@ -1,46 +1,52 @@
-"""Where a GPT-2 decode step spends its time (GPU host): per-step wall times, then a
-cProfile of warm steps. python tools/profile_decode.py [--batch 1] [--steps 64]"""
-import argparse
-import cProfile
-import pstats
+"""Host (CPU) versus device (GPU) time of a GPT-2 decode step and of its ops (GPU host).
+
+    python tools/profile_decode.py
+
+Uses cupyx.profiler.benchmark, which reports the host time of each call and the GPU
+time between events around it: when host time exceeds GPU time the step is launch-bound.
+"""
 import tempfile
-import time
 from pathlib import Path
 
 import cupy
 import numpy as np
-import torch
+from cupyx.profiler import benchmark
 
+import tilekernels as tk
 from gpt.model import GPT
 
 
+def show(name, fn, n=50):
+    r = benchmark(fn, n_repeat=n, n_warmup=5)
+    print(f"{name:34s} cpu {np.median(r.cpu_times) * 1e6:8.1f} us   gpu {np.median(r.gpu_times[0]) * 1e6:8.1f} us")
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=64)
-    args = ap.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory() as tmp:
         GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
         model = GPT.load(Path(tmp), "gpu")
-    b = args.batch
-    cache = model.new_cache(b, 32 + 2 * args.steps)
-    logits = model.forward(cupy.asarray(np.ones((b, 32), np.int64)), cupy.arange(32)[None].repeat(b, 0), cache)
-    times = []
-    for s in range(2 * args.steps):
-        t = time.perf_counter()
-        tok = cupy.asnumpy(logits).argmax(-1)
-        if s == args.steps:
-            prof = cProfile.Profile()
-            prof.enable()
-        logits = model.forward(cupy.asarray(tok[:, None]), cupy.full((b, 1), 32 + s), cache)
-        cupy.cuda.Device().synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
-    prof.disable()
-    print("step ms, first pass:", " ".join(f"{x:.1f}" for x in times[: args.steps]))
-    print("step ms, second pass:", " ".join(f"{x:.1f}" for x in times[args.steps:]))
-    pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    for b in (1, 8):
+        cache = model.new_cache(b, 600)
+        model.forward(cupy.ones((b, 512), cupy.int64), cupy.arange(512)[None].repeat(b, 0), cache)
+        tok, pos = cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), 512)
+
+        def step():
+            cache.length = 512
+            model.forward(tok, pos, cache)
+        show(f"decode step B={b} (T=512)", step, 20)
+        blk = model.blocks[0]
+        h = cupy.random.standard_normal((b, 1, 768), dtype=cupy.float32)
+        show("  linear qkv 768->2304", lambda: tk.linear(h, blk.attn_w, blk.attn_b))
+        show("  linear fc 768->3072 gelu", lambda: tk.linear(h, blk.fc_w, blk.fc_b, activation="gelu_tanh"))
+        show("  add_layernorm", lambda: tk.add_layernorm(h, h, *blk.ln_2))
+        cache.length = 512
+        show("  attention block (qkv..proj)", lambda: (setattr(cache, "length", 512), model.attention(0, blk, h, cache, cupy.zeros(b, cupy.int32))))
+        q = cupy.random.standard_normal((b, 12, 1, 64), dtype=cupy.float32)
+        show("  tk.attention decode", lambda: tk.attention(q, cache.k[0, :, :, :513], cache.v[0, :, :, :513], True))
+        show("  cupy ascontiguousarray", lambda: cupy.ascontiguousarray(q.transpose(0, 2, 1, 3)))
+        show("  lm_head", lambda: tk.linear(h[:, 0], model.lm_head))
 
 
 if __name__ == "__main__":
