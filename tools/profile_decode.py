@@ -35,6 +35,8 @@ def main():
         def step():
             cache.length = 512
             model.forward(tok, pos, cache)
+
+        cache.length = 512
         show(f"decode step B={b} (T=512)", step, 20)
         blk = model.blocks[0]
         h = cupy.random.standard_normal((b, 1, 768), dtype=cupy.float32)
@@ -42,7 +44,7 @@ def main():
         show("  linear fc 768->3072 gelu", lambda: tk.linear(h, blk.fc_w, blk.fc_b, activation="gelu_tanh"))
         show("  add_layernorm", lambda: tk.add_layernorm(h, h, *blk.ln_2))
         cache.length = 512
-        show("  attention block (qkv..proj)", lambda: (setattr(cache, "length", 512), model.attention(0, blk, h, cache, cupy.zeros(b, cupy.int32))))
+        show("  attention block (qkv..proj)", lambda: (cache.begin(1), model.attention(0, blk, h, cache)))
         q = cupy.random.standard_normal((b, 12, 1, 64), dtype=cupy.float32)
         show("  tk.attention decode", lambda: tk.attention(q, cache.k[0, :, :, :513], cache.v[0, :, :, :513], True))
         show("  cupy ascontiguousarray", lambda: cupy.ascontiguousarray(q.transpose(0, 2, 1, 3)))

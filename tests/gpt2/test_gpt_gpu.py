@@ -25,3 +25,22 @@ def test_gpu_logits_and_greedy_tokens_match_cpu(tmp_path, poisoned):
     a = generate(cpu, tok, prompts, 20, Sampling(temperature=0))
     b = generate(gpu, tok, prompts, 20, Sampling(temperature=0))
     assert [o.tokens for o in a] == [o.tokens for o in b]
+
+
+def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
+    from gpt.graph import DecodeGraph
+
+    d = make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64)
+    model = GPT.load(d, "gpu")
+    prompt = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]])
+    pos = cupy.arange(4)[None].repeat(2, 0)
+    with cupy.cuda.Stream(non_blocking=True):
+        plain, graphed = model.new_cache(2, 16, kv_start=[0, 2]), model.new_cache(2, 16, kv_start=[0, 2])
+        model.forward(prompt, pos, plain)
+        model.forward(prompt, pos, graphed)
+        decode = DecodeGraph(model, graphed)
+        for s, tok in enumerate([[3, 4], [100, 7], [42, 42]]):
+            p = np.array([[4 + s], [2 + s]])
+            ref = model.forward(cupy.asarray(tok)[:, None], cupy.asarray(p), plain).get()
+            got = decode(np.array(tok), p).get()
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

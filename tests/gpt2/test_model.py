@@ -99,11 +99,11 @@ def test_kv_cache_decode_equals_full_recompute(plain):
 def test_left_padded_batch_equals_single_runs(plain):
     model = GPT.load(plain)
     a, b = [5, 9, 100, 31, 8], [7, 44]
-    cache = model.new_cache(2, 5)
+    cache = model.new_cache(2, 5, kv_start=[0, 3])
     pad = model.config.eos_token_id
     batch = np.array([a, [pad] * 3 + b])
     pos = np.array([np.arange(5), [0, 0, 0, 0, 1]])
-    out = model.forward(batch, pos, cache, kv_start=np.array([0, 3], np.int32))
+    out = model.forward(batch, pos, cache)
     np.testing.assert_allclose(out[0], logits(model, a)[-1], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out[1], logits(model, b)[-1], rtol=1e-4, atol=1e-5)
 

@@ -62,7 +62,7 @@ def specializations():
             out.append((f"flash-{d}-{causal}", attention.flash_kernel,
                         [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal]))
         out.append((f"decode-{d}", attention.decode_split_kernel,
-                    [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), F32, I32,
+                    [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), iarr(1), F32, I32,
                      d, 16, attention.DECODE_TILE_N]))
         out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(5), arr(4), arr(4), arr(4), I32, d]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k

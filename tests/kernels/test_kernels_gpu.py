@@ -118,3 +118,14 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
     ref = tk.attention(q, k, v, causal=True, kv_start=start)
     got = tk.attention(gq, gk, gv, causal=True, kv_start=cupy.asarray(start))
     assert rel_err(got, ref) <= TF32
+
+
+def test_decode_with_device_length(poisoned, rng):
+    """kv_len in device memory: the full cache is passed, only the first kv_len keys count."""
+    import cupy
+
+    (q, gq), (k, gk), (v, gv) = pair(rng, 2, 16, 1, 128), pair(rng, 2, 4, 1024, 128), pair(rng, 2, 4, 1024, 128)
+    for n in (1, 63, 64, 65, 700, 1024):
+        ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True)
+        got = tk.attention(gq, gk, gv, causal=True, kv_len=cupy.full(1, n, cupy.int32))
+        assert rel_err(got, ref) <= TF32, n

@@ -29,10 +29,28 @@ class Block:
 
 @dataclass
 class KVCache:
-    """Keys and values for every layer, allocated once at full length: (L, B, H, T_max, D)."""
+    """Keys and values for every layer, allocated once at full length: (L, B, H, T_max, D).
+
+    span holds [start, end) of the tokens being added, in device memory for the GPU, so a
+    decode step captured once as a CUDA graph writes and reads the right positions on
+    every replay. kv_start (B,) is each sequence's first real position (left padding).
+    """
     k: object
     v: object
+    span: object
+    kv_start: object
     length: int = 0          # positions filled so far
+
+    def begin(self, new_tokens: int) -> None:
+        """Announce the next new_tokens positions (host to device: outside any graph)."""
+        end = self.length + new_tokens
+        if end > self.k.shape[3]:
+            raise ValueError(f"sequence of {end} tokens exceeds the cache ({self.k.shape[3]})")
+        span = np.array([self.length, end], np.int32)
+        if tk.is_device(self.span):
+            self.span.set(span)
+        else:
+            self.span[...] = span
 
 
 class GPT:
@@ -86,48 +104,54 @@ class GPT:
         return GPT(self.config, wte, move(self.wpe), blocks, m(self.ln_f), wte if tied else move(self.lm_head))
 
     # ------------------------------------------------------------ inference
-    def new_cache(self, batch: int, length: int) -> KVCache:
-        c = self.config
+    def new_cache(self, batch: int, length: int, kv_start=None) -> KVCache:
+        c, xp = self.config, self.xp
         shape = (c.n_layer, batch, c.n_head, length, c.head_dim)
-        return KVCache(self.xp.zeros(shape, np.float32), self.xp.zeros(shape, np.float32))
+        start = xp.zeros(batch, np.int32) if kv_start is None else xp.asarray(kv_start, np.int32)
+        return KVCache(xp.zeros(shape, np.float32), xp.zeros(shape, np.float32), xp.zeros(2, np.int32), start)
 
-    def attention(self, i: int, blk: Block, h, cache: KVCache, kv_start):
+    def attention(self, i: int, blk: Block, h, cache: KVCache):
         """Causal self-attention of the new tokens h (B, T, C) over the cache and themselves."""
         b, t, c = h.shape
         xp, nh = self.xp, self.config.n_head
         qkv = tk.linear(h, blk.attn_w, blk.attn_b).reshape(b, t, 3, nh, c // nh)
         q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
-        start, end = cache.length, cache.length + t
-        cache.k[i, :, :, start:end] = k
-        cache.v[i, :, :, start:end] = v
-        y = tk.attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], causal=True,
-                         scale=self.config.attn_scale(i), kv_start=kv_start)
+        written = cache.span[0] + xp.arange(t, dtype=np.int32)
+        cache.k[i][:, :, written] = k
+        cache.v[i][:, :, written] = v
+        scale = self.config.attn_scale(i)
+        if t == 1:      # decode: the valid length is read on the device
+            y = tk.attention(q, cache.k[i], cache.v[i], True, scale, cache.kv_start, cache.span[1:])
+        else:
+            end = cache.length + t
+            y = tk.attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], True, scale, cache.kv_start)
         y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
         return tk.linear(y, blk.proj_w, blk.proj_b)
 
     def mlp(self, blk: Block, h):
         return tk.linear(tk.linear(h, blk.fc_w, blk.fc_b, activation=self.config.activation), blk.out_w, blk.out_b)
 
-    def forward(self, ids, positions, cache: KVCache, kv_start=None, last_only: bool = True):
+    def forward(self, ids, positions, cache: KVCache, last_only: bool = True):
         """Logits for the new tokens ids (B, T) at positions (B, T), appending them to the cache.
 
         Returns (B, V) for the last position when last_only, else (B, T, V).
         """
-        xp, eps = self.xp, self.config.layer_norm_epsilon
-        if cache.length + ids.shape[1] > cache.k.shape[3]:
-            raise ValueError(f"sequence of {cache.length + ids.shape[1]} tokens exceeds the cache "
-                             f"({cache.k.shape[3]})")
-        if kv_start is None:
-            kv_start = xp.zeros(ids.shape[0], np.int32)
+        cache.begin(ids.shape[1])
+        logits = self.step(ids, positions, cache, last_only)
+        cache.length += ids.shape[1]
+        return logits
+
+    def step(self, ids, positions, cache: KVCache, last_only: bool = True):
+        """The device work of forward, for the span announced by cache.begin (graph-capturable)."""
+        eps = self.config.layer_norm_epsilon
         x = self.wte[ids] + self.wpe[positions]
         h = tk.layernorm(x, *self.blocks[0].ln_1, eps)
         for i, blk in enumerate(self.blocks):
-            x, h = tk.add_layernorm(x, self.attention(i, blk, h, cache, kv_start), *blk.ln_2, eps)
+            x, h = tk.add_layernorm(x, self.attention(i, blk, h, cache), *blk.ln_2, eps)
             nxt = self.blocks[i + 1].ln_1 if i + 1 < len(self.blocks) else self.ln_f
             x, h = tk.add_layernorm(x, self.mlp(blk, h), *nxt, eps)
-        cache.length += ids.shape[1]
         if last_only:
-            h = xp.ascontiguousarray(h[:, -1])
+            h = self.xp.ascontiguousarray(h[:, -1])
         return tk.linear(h, self.lm_head)
 
 

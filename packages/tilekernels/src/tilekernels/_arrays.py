@@ -35,7 +35,7 @@ def backend(**arrays: Any) -> str:
             continue
         if isinstance(a, np.ndarray):
             kinds[name] = "numpy"
-        elif is_device(a) and hasattr(a, "__cuda_array_interface__"):
+        elif is_device(a) and type(a).__name__ == "ndarray":
             kinds[name] = "cupy"
         else:
             raise TypeError(f"{name}: expected a numpy or cupy array, got {type(a).__name__}")
@@ -79,9 +79,24 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+class _DeviceArg:
+    """A cupy array described by a version-2 __cuda_array_interface__ (no stream field).
+
+    cupy's own interface names its stream, which makes the consumer synchronise on it at
+    every launch; the kernels run on that same stream, so the plain description is
+    equivalent and measured 40% cheaper per launch on an H200 (tools/launch_overhead.py).
+    """
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, a: Any):
+        self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "strides": a.strides,
+                                         "data": (a.data.ptr, False), "version": 2}
+
+
 def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
     """Launch a cuTile kernel on cupy's current stream."""
     import cupy
     import cuda.tile as ct
 
+    args = tuple(_DeviceArg(a) if is_device(a) else a for a in args)
     ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args)

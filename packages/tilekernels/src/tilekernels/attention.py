@@ -101,17 +101,19 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, PO, PM, PL, KS, scale_log2: float, tiles_per_split: int,
+def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_per_split: int,
                         D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt):
     """Partial attention of the G query heads of one KV head over one chunk of keys.
 
     Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
     unnormalised, with their row max PM and sum PL (B, Hkv, S, G_PAD), in log2 units.
+    KL[0] is the number of valid keys, read on the device so that one captured CUDA
+    graph serves every decode step; chunks past it come out empty (max -inf, sum 0).
     """
     split = ct.bid(0)
     b = ct.bid(1) // K.shape[1]
     kvh = ct.bid(1) % K.shape[1]
-    tk = K.shape[2]
+    tk = ct.load(KL, index=(0,), shape=())
     q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
     q = ct.astype(ct.reshape(q, (G_PAD, D)), ct.tfloat32)
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
@@ -177,7 +179,7 @@ def decode_splits(tk: int, units: int, sm_count: int = 132) -> tuple[int, int]:
     return per, -(-tiles // per)
 
 
-def _attention_cupy(q, k, v, causal, scale, kv_start):
+def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
     import cupy
 
     bsz, hq, tq, d = q.shape
@@ -188,6 +190,8 @@ def _attention_cupy(q, k, v, causal, scale, kv_start):
         return out
     scale_log2 = float(scale) * LOG2E
     if tq == 1:
+        if kv_len is None:
+            kv_len = cupy.full(1, tk, dtype=cupy.int32)
         per, splits = decode_splits(tk, bsz * hkv, _sm_count())
         g_pad = max(16, next_pow2(group))
         po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
@@ -195,7 +199,7 @@ def _attention_cupy(q, k, v, causal, scale, kv_start):
         pl = cupy.empty_like(pm)
         qg = q.reshape(bsz, hkv, group, d)
         launch((splits, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, po, pm, pl, kv_start, scale_log2, per, d, g_pad, DECODE_TILE_N))
+               (qg, k, v, po, pm, pl, kv_start, kv_len, scale_log2, per, d, g_pad, DECODE_TILE_N))
         launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
         return out
     tm, tn = FLASH_TILES.get(d, (64, 64))
@@ -204,14 +208,16 @@ def _attention_cupy(q, k, v, causal, scale, kv_start):
     return out
 
 
-def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_start=None):
+def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_start=None, kv_len=None):
     """softmax(q k^T * scale [+ causal mask]) v, grouped-query aware.
 
     q (B, Hq, Tq, D) contiguous; k, v (B, Hkv, Tk, D), unit stride on the last axis.
     kv_start: optional int32 (B,), the first real key of each sequence (left padding).
+    kv_len: optional int32 (1,) array, decode only (Tq = 1): only the first kv_len[0] keys
+    are valid, the length living in device memory so a captured graph can be replayed.
     D must be a power of two up to 256 on the GPU. scale defaults to 1/sqrt(D).
     """
-    kind = backend(q=q, k=k, v=v, kv_start=kv_start)
+    kind = backend(q=q, k=k, v=v, kv_start=kv_start, kv_len=kv_len)
     check("q", q, ndim=4)
     bsz, hq, tq, d = q.shape
     check("k", k, ndim=4, contiguous=False, inner_contiguous=True)
@@ -224,9 +230,15 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
     if kv_start is None:
         kv_start = array_module(q).zeros(bsz, dtype=np.int32)
     check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
+    if kv_len is not None:
+        check("kv_len", kv_len, shape=(1,), dtype=np.int32)
+        if tq != 1:
+            raise ValueError(f"kv_len: only for decode (Tq = 1), got Tq={tq}")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if kind == "numpy":
+        if kv_len is not None:
+            k, v = k[:, :, : int(kv_len[0])], v[:, :, : int(kv_len[0])]
         return attention_reference(q, k, v, causal, scale, kv_start)
     if d & (d - 1) or d > 256:
         raise ValueError(f"q: head dim must be a power of two up to 256 on the GPU, got {d}")
-    return _attention_cupy(q, k, v, causal, scale, kv_start)
+    return _attention_cupy(q, k, v, causal, scale, kv_start, kv_len)
