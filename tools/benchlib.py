@@ -54,6 +54,56 @@ def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def graph_ms_cupy(fn, inner: int = 20, reps: int = 10) -> float:
+    """Device time of fn() in ms: `inner` calls captured in one CUDA graph, replays timed with
+    events (median), so host launch cost is excluded and only the kernels are measured."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pool = cupy.cuda.MemoryPool()
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        fn()
+        stream.begin_capture()
+        for _ in range(inner):
+            fn()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        times = []
+        for _ in range(reps):
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            stop.record(stream)
+            stop.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, stop) / inner)
+    return statistics.median(times)
+
+
+def graph_ms_torch(fn, inner: int = 20, reps: int = 10) -> float:
+    """graph_ms_cupy for torch code (torch.cuda.graph capture)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / inner)
+    return statistics.median(times)
+
+
 def first_call_ms(fn) -> float:
     """Wall time of the first call (includes cuTile's JIT compile on a fresh host)."""
     import time

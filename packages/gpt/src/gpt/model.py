@@ -116,14 +116,15 @@ class GPT:
         xp, nh = self.xp, self.config.n_head
         qkv = tk.linear(h, blk.attn_w, blk.attn_b).reshape(b, t, 3, nh, c // nh)
         q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
-        written = cache.span[0] + xp.arange(t, dtype=np.int32)
-        cache.k[i][:, :, written] = k
-        cache.v[i][:, :, written] = v
         scale = self.config.attn_scale(i)
-        if t == 1:      # decode: the valid length is read on the device
+        if t == 1:      # decode: position and valid length live on the device (graph replay)
+            cache.k[i][:, :, cache.span[:1]] = k
+            cache.v[i][:, :, cache.span[:1]] = v
             y = tk.attention(q, cache.k[i], cache.v[i], True, scale, cache.kv_start, cache.span[1:])
         else:
-            end = cache.length + t
+            start, end = cache.length, cache.length + t
+            cache.k[i, :, :, start:end] = k
+            cache.v[i, :, :, start:end] = v
             y = tk.attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], True, scale, cache.kv_start)
         y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
         return tk.linear(y, blk.proj_w, blk.proj_b)
