@@ -1,0 +1,49 @@
+"""Transcript output: plain text, JSON, SubRip (srt) and WebVTT, one segment per window."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+FORMATS = ("txt", "json", "srt", "vtt")
+
+
+def _stamp(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
+
+
+def join(segments: list[dict]) -> str:
+    return " ".join(s["text"].strip() for s in segments if s["text"].strip())
+
+
+def render(fmt: str, source: str, segments: list[dict]) -> str:
+    if fmt == "txt":
+        return join(segments) + "\n"
+    if fmt == "json":
+        return json.dumps({"file": source, "text": join(segments), "segments": segments}, ensure_ascii=False,
+                          indent=2) + "\n"
+    if fmt == "srt":
+        return "".join(f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n\n"
+                       for i, s in enumerate(segments, 1))
+    if fmt == "vtt":
+        return "WEBVTT\n\n" + "".join(f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n\n"
+                                      for s in segments)
+    raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a failure never leaves half a transcript."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

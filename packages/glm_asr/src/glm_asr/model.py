@@ -1,0 +1,212 @@
+"""GLM-ASR: a Whisper-style audio encoder with partial RoPE, a 4-frame-merging MLP
+projector, and a Llama decoder, all written against the tilekernels ops (numpy arrays
+run on the CPU references, cupy arrays on the cuTile kernels)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import tilekernels as tk
+from gpt.checkpoint import CheckpointError, load_tensors, read_config, take
+
+from .config import GlmAsrConfig
+
+
+@dataclass
+class EncoderLayer:
+    ln1: tuple
+    q: tuple
+    k: tuple          # (weight, None): k_proj has no bias
+    v: tuple
+    o: tuple
+    ln2: tuple
+    fc1: tuple
+    fc2: tuple
+
+
+@dataclass
+class DecoderLayer:
+    ln1: object
+    qkv: object       # q, k, v projections stacked: (Hq*D + 2*Hkv*D, C)
+    o: object
+    ln2: object
+    gate_up: object   # gate and up stacked: (2*I, C)
+    down: object
+
+
+class GlmAsr:
+    def __init__(self, config: GlmAsrConfig, w: dict):
+        self.config, self.w = config, w
+        self.xp = tk.array_module(w["embed"])
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, directory: Path, device: str = "cpu") -> "GlmAsr":
+        gen_path = directory / "generation_config.json"
+        generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
+        cfg = GlmAsrConfig.from_hf(read_config(directory), generation)
+        t = load_tensors(directory)
+        e, d = cfg.encoder, cfg.decoder
+        c, hd = e.hidden_size, e.head_dim
+
+        def lin(key, n_out, n_in, bias=True):
+            return take(t, key + ".weight", (n_out, n_in)), (take(t, key + ".bias", (n_out,)) if bias else None)
+
+        def ln(key, n):
+            return take(t, key + ".weight", (n,)), take(t, key + ".bias", (n,))
+
+        w = {"conv1": (take(t, "audio_tower.conv1.weight", (c, e.num_mel_bins, 3)), take(t, "audio_tower.conv1.bias", (c,))),
+             "conv2": (take(t, "audio_tower.conv2.weight", (c, c, 3)), take(t, "audio_tower.conv2.bias", (c,))),
+             "enc_norm": ln("audio_tower.norm", c)}
+        w["encoder"] = []
+        for i in range(e.num_layers):
+            p = f"audio_tower.layers.{i}."
+            w["encoder"].append(EncoderLayer(
+                ln(p + "input_layernorm", c), lin(p + "self_attn.q_proj", e.num_heads * hd, c),
+                lin(p + "self_attn.k_proj", e.num_kv_heads * hd, c, bias=False),
+                lin(p + "self_attn.v_proj", e.num_kv_heads * hd, c), lin(p + "self_attn.o_proj", c, e.num_heads * hd),
+                ln(p + "post_attention_layernorm", c), lin(p + "mlp.fc1", e.intermediate_size, c),
+                lin(p + "mlp.fc2", c, e.intermediate_size)))
+        w["proj1"] = lin("multi_modal_projector.linear_1", 2 * d.hidden_size, e.intermediate_size)
+        w["proj2"] = lin("multi_modal_projector.linear_2", d.hidden_size, 2 * d.hidden_size)
+        n, D = d.hidden_size, d.head_dim
+        w["decoder"] = []
+        for i in range(d.num_layers):
+            p = f"language_model.model.layers.{i}."
+
+            def m(k, rows, cols=n):
+                return take(t, p + k + ".weight", (rows, cols))
+            qkv = np.concatenate([m("self_attn.q_proj", d.num_heads * D), m("self_attn.k_proj", d.num_kv_heads * D),
+                                  m("self_attn.v_proj", d.num_kv_heads * D)])
+            gate_up = np.concatenate([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
+            w["decoder"].append(DecoderLayer(take(t, p + "input_layernorm.weight", (n,)), qkv,
+                                             m("self_attn.o_proj", n, d.num_heads * D),
+                                             take(t, p + "post_attention_layernorm.weight", (n,)), gate_up,
+                                             m("mlp.down_proj", n, d.intermediate_size)))
+        w["embed"] = take(t, "language_model.model.embed_tokens.weight", (d.vocab_size, n))
+        w["norm"] = take(t, "language_model.model.norm.weight", (n,))
+        if cfg.tie_word_embeddings or "language_model.lm_head.weight" not in t:
+            if not cfg.tie_word_embeddings:
+                raise CheckpointError("missing tensor language_model.lm_head.weight (tie_word_embeddings is false)")
+            w["lm_head"] = w["embed"]
+        else:
+            w["lm_head"] = take(t, "language_model.lm_head.weight", (d.vocab_size, n))
+        return cls(cfg, w).to(device)
+
+    def to(self, device: str) -> "GlmAsr":
+        if device == "gpu":
+            import cupy
+
+            move = cupy.asarray
+        elif device == "cpu":
+            move = lambda a: a.get() if tk.is_device(a) else a  # noqa: E731
+        else:
+            raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
+
+        def m(x):
+            if x is None:
+                return None
+            if isinstance(x, tuple):
+                return tuple(m(a) for a in x)
+            if isinstance(x, list):
+                return [m(a) for a in x]
+            if isinstance(x, (EncoderLayer, DecoderLayer)):
+                return type(x)(*(m(getattr(x, f)) for f in type(x).__dataclass_fields__))
+            return move(x)
+
+        w = {k: m(v) for k, v in self.w.items() if k != "lm_head"}
+        w["lm_head"] = w["embed"] if self.w["lm_head"] is self.w["embed"] else m(self.w["lm_head"])
+        return GlmAsr(self.config, w)
+
+    # ------------------------------------------------------------ audio side
+    def encode(self, features):
+        """(W, 128, 3000) log-mel windows -> (W, 375, C_text) audio embeddings."""
+        return self.project(self.audio_tower(features))
+
+    def audio_tower(self, features):
+        """(W, 128, 3000) log-mel windows -> (W, 1500, C_audio) encoder states."""
+        e, xp, w = self.config.encoder, self.xp, self.w
+        x = tk.conv1d(features, *w["conv1"], stride=1, padding=1, activation="gelu")
+        x = tk.conv1d(x, *w["conv2"], stride=2, padding=1, activation="gelu")
+        x = xp.ascontiguousarray(x.transpose(0, 2, 1))                      # (W, T, C)
+        b, t, c = x.shape
+        cos, sin = tk.rope_cos_sin(xp.arange(t, dtype=np.int32), e.rotary_dim, e.rope_theta)
+        h = tk.layernorm(x, *w["encoder"][0].ln1)
+        for i, L in enumerate(w["encoder"]):
+            q = tk.rope(tk.linear(h, *L.q).reshape(b, t, e.num_heads, e.head_dim), cos, sin, e.rotary_dim)
+            k = tk.rope(tk.linear(h, *L.k).reshape(b, t, e.num_kv_heads, e.head_dim), cos, sin, e.rotary_dim)
+            v = tk.linear(h, *L.v).reshape(b, t, e.num_kv_heads, e.head_dim)
+            heads = [xp.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v)]
+            y = tk.attention(*heads, causal=False)
+            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
+            x, h = tk.add_layernorm(x, tk.linear(y, *L.o), *L.ln2)
+            nxt = w["encoder"][i + 1].ln1 if i + 1 < len(w["encoder"]) else w["enc_norm"]
+            x, h = tk.add_layernorm(x, tk.linear(tk.linear(h, *L.fc1, activation=e.activation), *L.fc2), *nxt)
+        return h
+
+    def project(self, states):
+        """Encoder states (W, T, C) -> text-space embeddings (W, T/4, C_text), 4 frames merged."""
+        merged = states.reshape(states.shape[0], -1, self.config.encoder.intermediate_size)
+        h = tk.linear(merged, *self.w["proj1"], activation=self.config.projector_activation)
+        return tk.linear(h, *self.w["proj2"])
+
+    # ------------------------------------------------------------ text side
+    def new_cache(self, length: int):
+        d = self.config.decoder
+        shape = (d.num_layers, 1, d.num_kv_heads, length, d.head_dim)
+        return {"k": self.xp.zeros(shape, np.float32), "v": self.xp.zeros(shape, np.float32), "length": 0}
+
+    def decode(self, x, cache):
+        """Llama decoder over new input embeddings x (1, T, C); returns last-position logits (1, V)."""
+        d, xp, w = self.config.decoder, self.xp, self.w
+        b, t, n = x.shape
+        start = cache["length"]
+        end = start + t
+        if end > cache["k"].shape[3]:
+            raise ValueError(f"sequence of {end} tokens exceeds the cache ({cache['k'].shape[3]})")
+        cos, sin = tk.rope_cos_sin(xp.arange(start, end, dtype=np.int32), d.head_dim, d.rope_theta)
+        hq, hkv, D = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim
+        h = tk.rmsnorm(x, w["decoder"][0].ln1, d.rms_norm_eps)
+        for i, L in enumerate(w["decoder"]):
+            qkv = tk.linear(h, L.qkv)
+            q = tk.rope(xp.ascontiguousarray(qkv[..., :hq]).reshape(b, t, d.num_heads, D), cos, sin)
+            k = tk.rope(xp.ascontiguousarray(qkv[..., hq:hq + hkv]).reshape(b, t, d.num_kv_heads, D), cos, sin)
+            v = qkv[..., hq + hkv:].reshape(b, t, d.num_kv_heads, D)
+            cache["k"][i, :, :, start:end] = k.transpose(0, 2, 1, 3)
+            cache["v"][i, :, :, start:end] = v.transpose(0, 2, 1, 3)
+            y = tk.attention(xp.ascontiguousarray(q.transpose(0, 2, 1, 3)), cache["k"][i, :, :, :end],
+                             cache["v"][i, :, :, :end], causal=True)
+            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, hq)
+            x, h = tk.add_rmsnorm(x, tk.linear(y, L.o), L.ln2, d.rms_norm_eps)
+            gu = tk.linear(h, L.gate_up)
+            inner = d.intermediate_size
+            mlp = tk.linear(tk.swiglu(xp.ascontiguousarray(gu[..., :inner]), xp.ascontiguousarray(gu[..., inner:])), L.down)
+            nxt = w["decoder"][i + 1].ln1 if i + 1 < len(w["decoder"]) else w["norm"]
+            x, h = tk.add_rmsnorm(x, mlp, nxt, d.rms_norm_eps)
+        cache["length"] = end
+        return tk.linear(xp.ascontiguousarray(h[:, -1]), w["lm_head"])
+
+    def embed(self, ids: np.ndarray, audio_embeds=None):
+        """Token embeddings (1, T, C) with the audio placeholders replaced, in order."""
+        xp = self.xp
+        x = self.w["embed"][xp.asarray(ids)]
+        if audio_embeds is not None:
+            x[xp.asarray(np.flatnonzero(np.asarray(ids) == self.config.audio_token_id))] = audio_embeds
+        return x[None]
+
+    def greedy(self, ids: list[int], audio_embeds, max_new_tokens: int, eos=None) -> list[int]:
+        """Greedy continuation of the prompt ids (audio placeholders filled) with a KV cache."""
+        eos = set(self.config.eos_token_ids) if eos is None else set(eos)
+        cache = self.new_cache(len(ids) + max_new_tokens)
+        logits = self.decode(self.embed(np.asarray(ids), audio_embeds), cache)
+        out = []
+        for _ in range(max_new_tokens):
+            tok = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
+            if tok in eos:
+                break
+            out.append(tok)
+            logits = self.decode(self.embed(np.array([tok])), cache)
+        return out

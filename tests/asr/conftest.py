@@ -1,0 +1,50 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """The tiny GLM-ASR checkpoint, made by the project's own tool (sharded, as the hub's)."""
+    out = tmp_path_factory.mktemp("tiny_glm")
+    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def audio_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("audio")
+    rng = np.random.default_rng(0)
+
+    def tone(rate, seconds, channels=1):
+        t = np.arange(int(rate * seconds)) / rate
+        x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * rng.standard_normal(len(t))
+        return np.repeat(x[:, None], channels, 1).astype(np.float32)
+
+    sf.write(d / "speech16k.wav", tone(16000, 2.5), 16000)
+    sf.write(d / "long.flac", tone(16000, 65), 16000)
+    sf.write(d / "low8k.wav", tone(8000, 1.5), 8000)
+    sf.write(d / "six48k.wav", tone(48000, 1.0, 6), 48000)
+    sf.write(d / "quiet.ogg", np.zeros((16000, 1), np.float32), 16000)
+    sf.write(d / "short.wav", tone(16000, 0.03), 16000)
+    sf.write(d / "empty.wav", np.zeros((0, 1), np.float32), 16000)
+    nan = tone(16000, 1.0)
+    nan[100] = np.nan
+    sf.write(d / "nan.wav", nan, 16000, subtype="FLOAT")
+    (d / "notaudio.wav").write_text("this is not audio")
+    return d
+
+
+def cli(*args, env=None):
+    import os
+
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "glm_asr.transcribe", *map(str, args)], capture_output=True,
+                          text=True, env=e, timeout=600)

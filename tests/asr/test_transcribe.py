@@ -1,0 +1,86 @@
+"""The tiny checkpoint end to end: loader, prompt, every output format, many files, bad input."""
+import json
+
+import numpy as np
+import pytest
+from conftest import cli
+
+from glm_asr.model import GlmAsr
+from glm_asr.transcribe import Transcriber
+from gpt.checkpoint import CheckpointError
+
+
+def test_prompt_construction(tiny):
+    asr = Transcriber(tiny, "cpu")
+    ids = asr.prompt_ids(5, "Please transcribe this audio into text")
+    assert ids.count(asr.model.config.audio_token_id) == 5
+    assert asr.tok.decode(ids, skip_special_tokens=False) == (
+        "<|user|>\n<|begin_of_audio|>" + "<|pad|>" * 5 + "<|end_of_audio|><|user|>\n"
+        "Please transcribe this audio into text<|assistant|>\n")
+
+
+def test_untied_head_and_decoder_cache(tiny):
+    m = GlmAsr.load(tiny)
+    assert m.w["lm_head"] is not m.w["embed"]
+    x = m.w["embed"][np.array([[3, 9, 27, 81]])]
+    full = m.decode(x, m.new_cache(8))
+    cache = m.new_cache(8)
+    m.decode(x[:, :2], cache)
+    m.decode(x[:, 2:3], cache)
+    np.testing.assert_allclose(m.decode(x[:, 3:], cache), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt"])
+def test_every_output_format(tiny, audio_dir, tmp_path, fmt):
+    r = cli(audio_dir / "long.flac", audio_dir / "speech16k.wav", f"model.path={tiny}", "max_new_tokens=3",
+            "device=cpu", f"output_format={fmt}", f"output_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    long, short = (tmp_path / f"long.{fmt}").read_text(), (tmp_path / f"speech16k.{fmt}").read_text()
+    if fmt == "json":
+        doc = json.loads(long)
+        assert [(s["start"], s["end"]) for s in doc["segments"]] == [(0, 30), (30, 60), (60, 65)]
+    elif fmt == "srt":
+        assert "00:00:30,000 --> 00:01:00,000" in long and long.startswith("1\n00:00:00,000 --> ")
+    elif fmt == "vtt":
+        assert long.startswith("WEBVTT") and "00:01:00.000 --> 00:01:05.000" in long
+    assert short
+
+
+def test_stdout_and_resampled_multichannel(tiny, audio_dir):
+    r = cli(audio_dir / "low8k.wav", audio_dir / "six48k.wav", audio_dir / "quiet.ogg", f"model.path={tiny}",
+            "max_new_tokens=2", "device=cpu")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 3
+
+
+@pytest.mark.parametrize("name,message", [
+    ("missing.wav", "no such file"), (".", "is a directory"), ("notaudio.wav", "not a readable audio file"),
+    ("empty.wav", "contains no samples"), ("nan.wav", "NaN or infinite"), ("short.wav", "audio too short"),
+])
+def test_bad_audio_one_line(tiny, audio_dir, name, message):
+    r = cli(audio_dir / name, f"model.path={tiny}", "device=cpu")
+    assert r.returncode == 1 and message in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
+def test_no_half_written_output(tiny, audio_dir, tmp_path):
+    r = cli(audio_dir / "nan.wav", f"model.path={tiny}", "device=cpu", f"output_dir={tmp_path}")
+    assert r.returncode == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_model_errors_one_line(tiny, audio_dir, tmp_path):
+    r = cli(audio_dir / "speech16k.wav", "device=cpu")                     # default hub id, offline
+    assert r.returncode == 1 and "not in the local cache and the hub is unreachable" in r.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in tiny.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["text_config"]["intermediate_size"] = 96
+    (bad / "config.json").write_text(json.dumps(cfg))
+    r = cli(audio_dir / "speech16k.wav", f"model.path={bad}", "device=cpu")
+    assert r.returncode == 1 and "language_model.model.layers.0.mlp.gate_proj.weight: expected shape (96, 64)" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    (bad / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(CheckpointError, match="is not GLM-ASR"):
+        GlmAsr.load(bad)

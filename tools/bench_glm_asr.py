@@ -1,0 +1,128 @@
+"""GLM-ASR stage times and end to end, ours vs transformers eager (GPU host).
+
+    python tools/bench_glm_asr.py [--out DIR]
+
+Full-size config with random weights, fp32 (TF32 allowed on both sides); 5 s, 30 s and
+120 s of synthetic audio; each 30 s window is one request generating exactly 64 tokens
+(end-of-sequence ignored) on both sides. Stages: features, encoder, projector, prefill,
+decode (tokens/s); 'total' is end to end from samples to tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import cupy
+import numpy as np
+import torch
+
+from benchlib import gpu_name, markdown_table, versions, write_result
+from glm_asr.features import windows
+from glm_asr.model import GlmAsr
+from parity_glm_asr import prompt_ids, synthetic_speechlike
+
+torch.backends.cuda.matmul.allow_tf32 = True
+NEW = 64
+
+
+def clock(fn):
+    cupy.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    cupy.cuda.Device().synchronize()
+    torch.cuda.synchronize()
+    return out, (time.perf_counter() - t) * 1e3
+
+
+def ours_run(m: GlmAsr, audio):
+    st = {}
+    wins, st["features"] = clock(lambda: windows(audio))
+    feats = cupy.asarray(np.stack([w.features for w in wins]))
+    states, st["encoder"] = clock(lambda: m.audio_tower(feats))
+    emb, st["projector"] = clock(lambda: m.project(states))
+    st["prefill"] = st["decode"] = 0.0
+    for j, w in enumerate(wins):
+        ids = prompt_ids(m.config, w.tokens)
+        cache = m.new_cache(len(ids) + NEW)
+        x = m.embed(np.array(ids), emb[j, : w.tokens])
+        logits, t = clock(lambda: m.decode(x, cache))
+        st["prefill"] += t
+
+        def loop():
+            lg = logits
+            for _ in range(NEW):
+                lg = m.decode(m.embed(np.array([int(lg.get()[0].argmax())])), cache)
+        _, t = clock(loop)
+        st["decode"] += t
+    return st, len(wins)
+
+
+def hf_run(hf, fe, audio):
+    st = {"features": 0.0, "encoder": 0.0, "projector": 0.0, "prefill": 0.0, "decode": 0.0}
+    for start in range(0, len(audio), 480000):
+        chunk = audio[start: start + 480000]
+        inputs, t = clock(lambda: fe(chunk, sampling_rate=16000, return_tensors="pt", return_attention_mask=True))
+        st["features"] += t
+        feats = inputs["input_features"].cuda()
+        mask = inputs["attention_mask"].cuda()
+        frames = int(mask.sum())
+        n_audio = ((frames - 1) // 2 + 1 - 4) // 4 + 1
+        ids = torch.tensor([prompt_ids(hf.config, n_audio)], device="cuda")
+        with torch.no_grad():
+            states, t_enc = clock(lambda: hf.audio_tower(feats).last_hidden_state)
+            _, t_proj = clock(lambda: hf.multi_modal_projector(
+                states.reshape(1, -1, hf.config.audio_config.intermediate_size)))
+            _, t = clock(lambda: hf(input_ids=ids, input_features=feats, input_features_mask=mask))
+            st["encoder"] += t_enc
+            st["projector"] += t_proj
+            st["prefill"] += max(0.0, t - t_enc - t_proj)      # the forward minus its audio part
+            kw = dict(input_ids=ids, input_features=feats, input_features_mask=mask, do_sample=False)
+            _, t1 = clock(lambda: hf.generate(**kw, max_new_tokens=1, min_new_tokens=1))
+            _, tn = clock(lambda: hf.generate(**kw, max_new_tokens=NEW + 1, min_new_tokens=NEW + 1))
+            st["decode"] += tn - t1
+    return st
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    import tempfile
+    from pathlib import Path
+
+    from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration, WhisperFeatureExtractor
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = GlmAsrForConditionalGeneration(GlmAsrConfig()).float().eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        ours = GlmAsr.load(Path(tmp), "gpu")
+    fe = WhisperFeatureExtractor(feature_size=128)
+    rows = []
+    warm = synthetic_speechlike(3.0)
+    ours_run(ours, warm)
+    hf_run(hf, fe, warm)
+    for seconds in (5, 30, 120):
+        audio = synthetic_speechlike(seconds)
+        (o, n_win), total_o = clock(lambda: ours_run(ours, audio))
+        h, total_h = clock(lambda: hf_run(hf, fe, audio))
+        for stage in ("features", "encoder", "projector", "prefill", "decode"):
+            rows.append({"audio_s": seconds, "stage": stage, "ours_ms": round(o[stage], 2),
+                         "transformers_ms": round(h[stage], 2)})
+        rows.append({"audio_s": seconds, "stage": "decode_tok_s", "ours": round(n_win * NEW / o["decode"] * 1e3, 1),
+                     "transformers": round(n_win * NEW / h["decode"] * 1e3, 1)})
+        rows.append({"audio_s": seconds, "stage": "total", "ours_ms": round(total_o, 1), "transformers_ms": round(total_h, 1),
+                     "ours_real_time_factor": round(total_o / 1e3 / seconds, 4),
+                     "transformers_real_time_factor": round(total_h / 1e3 / seconds, 4)})
+        print(rows[-1], flush=True)
+    md = f"GPU: {gpu_name()}; fp32 weights, TF32 allowed; {NEW} tokens per 30 s window.\n\n" + markdown_table(
+        ["audio s", "stage", "ours", "transformers"],
+        [[r["audio_s"], r["stage"], r.get("ours_ms", r.get("ours")), r.get("transformers_ms", r.get("transformers"))]
+         for r in rows])
+    write_result("glm_asr", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out, md)
+
+
+if __name__ == "__main__":
+    main()
