@@ -15,5 +15,5 @@ def test_gpu_matches_cpu(tiny, poisoned, rng):
     a = cpu.encode(w.features[None])
     b = gpu.encode(cupy.asarray(w.features[None]))
     assert np.linalg.norm(b.get() - a) / np.linalg.norm(a) < 5e-3
-    ids = [5, 6] + [cpu.config.audio_token_id] * w.tokens + [7, 8]
+    ids = [100, 101] + [cpu.config.audio_token_id] * w.tokens + [102, 103]
     assert cpu.greedy(ids, a[0, : w.tokens], 12, eos=()) == gpu.greedy(ids, b[0, : w.tokens], 12, eos=())

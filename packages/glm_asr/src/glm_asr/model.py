@@ -49,6 +49,9 @@ class GlmAsr:
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
         cfg = GlmAsrConfig.from_hf(read_config(directory), generation)
         t = load_tensors(directory)
+        # transformers 5 save_pretrained writes the decoder as language_model.model.model.*;
+        # the hub checkpoint has language_model.model.*: accept both
+        t = {k.replace("language_model.model.model.", "language_model.model."): v for k, v in t.items()}
         e, d = cfg.encoder, cfg.decoder
         c, hd = e.hidden_size, e.head_dim
 
