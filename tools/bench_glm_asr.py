@@ -22,6 +22,7 @@ from glm_asr.model import GlmAsr
 from parity_glm_asr import prompt_ids, synthetic_speechlike
 
 torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cudnn.allow_tf32 = True
 NEW = 64
 
 
@@ -70,8 +71,9 @@ def hf_run(hf, fe, audio):
         n_audio = ((frames - 1) // 2 + 1 - 4) // 4 + 1
         ids = torch.tensor([prompt_ids(hf.config, n_audio)], device="cuda")
         with torch.no_grad():
-            states, t_enc = clock(lambda: hf.audio_tower(feats).last_hidden_state)
-            _, t_proj = clock(lambda: hf.multi_modal_projector(
+            core = getattr(hf, "model", hf)            # transformers 5 nests the towers in .model
+            states, t_enc = clock(lambda: core.audio_tower(feats).last_hidden_state)
+            _, t_proj = clock(lambda: core.multi_modal_projector(
                 states.reshape(1, -1, hf.config.audio_config.intermediate_size)))
             _, t = clock(lambda: hf(input_ids=ids, input_features=feats, input_features_mask=mask))
             st["encoder"] += t_enc
