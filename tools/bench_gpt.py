@@ -30,7 +30,7 @@ def ours_decode(model: GPT, batch: int, prompt: int, steps: int) -> float:
     with cupy.cuda.Stream(non_blocking=True) as stream:
         cache = model.new_cache(batch, prompt + steps + 1)
         logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
-        decode = DecodeGraph(model, cache)
+        decode = DecodeGraph(lambda i, p: model.step(i, p, cache), cache)
         stream.synchronize()
         t = time.perf_counter()
         for s in range(steps):

@@ -82,7 +82,7 @@ def main():
                                 max_new_tokens=args.tokens, do_sample=False)[0, len(ids):].tolist()
     emb = ours.encode(cupy.asarray(ours_feat[None]))[0, :n_audio]
     cache = ours.new_cache(len(ids))
-    got = cupy.asnumpy(ours.decode(ours.embed(np.array(ids), emb), cache))[0].astype(np.float64)
+    got = cupy.asnumpy(ours.forward(ours.embed(np.array(ids), emb), cache))[0].astype(np.float64)
     rel = float(np.linalg.norm(got - ref_logits) / np.linalg.norm(ref_logits))
     eos = set(ours.config.eos_token_ids)
     hf_tokens = hf_tokens[: next((i for i, t in enumerate(hf_tokens) if t in eos), len(hf_tokens))]

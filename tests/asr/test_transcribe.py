@@ -23,11 +23,11 @@ def test_untied_head_and_decoder_cache(tiny):
     m = GlmAsr.load(tiny)
     assert m.w["lm_head"] is not m.w["embed"]
     x = m.w["embed"][np.array([[3, 9, 27, 81]])]
-    full = m.decode(x, m.new_cache(8))
+    full = m.forward(x, m.new_cache(8))
     cache = m.new_cache(8)
-    m.decode(x[:, :2], cache)
-    m.decode(x[:, 2:3], cache)
-    np.testing.assert_allclose(m.decode(x[:, 3:], cache), full, rtol=1e-4, atol=1e-5)
+    m.forward(x[:, :2], cache)
+    m.forward(x[:, 2:3], cache)
+    np.testing.assert_allclose(m.forward(x[:, 3:], cache), full, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt"])

@@ -38,7 +38,7 @@ def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
         plain, graphed = model.new_cache(2, 16, kv_start=[0, 2]), model.new_cache(2, 16, kv_start=[0, 2])
         model.forward(prompt, pos, plain)
         model.forward(prompt, pos, graphed)
-        decode = DecodeGraph(model, graphed)
+        decode = DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
         for s, tok in enumerate([[3, 4], [100, 7], [42, 42]]):
             p = np.array([[4 + s], [2 + s]])
             ref = model.forward(cupy.asarray(tok)[:, None], cupy.asarray(p), plain).get()

@@ -11,6 +11,8 @@ import numpy as np
 
 import tilekernels as tk
 from gpt.checkpoint import CheckpointError, load_tensors, read_config, take
+from gpt.graph import decoder, device_stream
+from gpt.kvcache import KVCache
 
 from .config import GlmAsrConfig
 
@@ -157,31 +159,32 @@ class GlmAsr:
         return tk.linear(h, *self.w["proj2"])
 
     # ------------------------------------------------------------ text side
-    def new_cache(self, length: int):
+    def new_cache(self, length: int) -> KVCache:
         d = self.config.decoder
-        shape = (d.num_layers, 1, d.num_kv_heads, length, d.head_dim)
-        return {"k": self.xp.zeros(shape, np.float32), "v": self.xp.zeros(shape, np.float32), "length": 0}
+        return KVCache.allocate(self.xp, d.num_layers, 1, d.num_kv_heads, length, d.head_dim)
 
-    def decode(self, x, cache):
-        """Llama decoder over new input embeddings x (1, T, C); returns last-position logits (1, V)."""
+    def forward(self, x, cache: KVCache):
+        """Llama decoder over new input embeddings x (1, T, C); last-position logits (1, V)."""
+        t = x.shape[1]
+        cache.begin(t)
+        logits = self.step(x, self.xp.arange(cache.length, cache.length + t)[None], cache)
+        cache.length += t
+        return logits
+
+    def step(self, x, positions, cache: KVCache):
+        """The device work of forward for the span cache.begin announced (graph-capturable)."""
         d, xp, w = self.config.decoder, self.xp, self.w
         b, t, n = x.shape
-        start = cache["length"]
-        end = start + t
-        if end > cache["k"].shape[3]:
-            raise ValueError(f"sequence of {end} tokens exceeds the cache ({cache['k'].shape[3]})")
-        cos, sin = tk.rope_cos_sin(xp.arange(start, end, dtype=np.int32), d.head_dim, d.rope_theta)
-        hq, hkv, D = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.head_dim
+        D, hq, hkv = d.head_dim, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        cos, sin = tk.rope_cos_sin(positions, D, d.rope_theta)
         h = tk.rmsnorm(x, w["decoder"][0].ln1, d.rms_norm_eps)
         for i, L in enumerate(w["decoder"]):
             qkv = tk.linear(h, L.qkv)
             q = tk.rope(xp.ascontiguousarray(qkv[..., :hq]).reshape(b, t, d.num_heads, D), cos, sin)
             k = tk.rope(xp.ascontiguousarray(qkv[..., hq:hq + hkv]).reshape(b, t, d.num_kv_heads, D), cos, sin)
             v = qkv[..., hq + hkv:].reshape(b, t, d.num_kv_heads, D)
-            cache["k"][i, :, :, start:end] = k.transpose(0, 2, 1, 3)
-            cache["v"][i, :, :, start:end] = v.transpose(0, 2, 1, 3)
-            y = tk.attention(xp.ascontiguousarray(q.transpose(0, 2, 1, 3)), cache["k"][i, :, :, :end],
-                             cache["v"][i, :, :, :end], causal=True)
+            y = cache.attend(i, xp.ascontiguousarray(q.transpose(0, 2, 1, 3)), k.transpose(0, 2, 1, 3),
+                             v.transpose(0, 2, 1, 3), D ** -0.5)
             y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, hq)
             x, h = tk.add_rmsnorm(x, tk.linear(y, L.o), L.ln2, d.rms_norm_eps)
             gu = tk.linear(h, L.gate_up)
@@ -189,7 +192,6 @@ class GlmAsr:
             mlp = tk.linear(tk.swiglu(xp.ascontiguousarray(gu[..., :inner]), xp.ascontiguousarray(gu[..., inner:])), L.down)
             nxt = w["decoder"][i + 1].ln1 if i + 1 < len(w["decoder"]) else w["norm"]
             x, h = tk.add_rmsnorm(x, mlp, nxt, d.rms_norm_eps)
-        cache["length"] = end
         return tk.linear(xp.ascontiguousarray(h[:, -1]), w["lm_head"])
 
     def embed(self, ids: np.ndarray, audio_embeds=None):
@@ -201,15 +203,18 @@ class GlmAsr:
         return x[None]
 
     def greedy(self, ids: list[int], audio_embeds, max_new_tokens: int, eos=None) -> list[int]:
-        """Greedy continuation of the prompt ids (audio placeholders filled) with a KV cache."""
+        """Greedy continuation of the prompt ids (audio placeholders filled) with a KV cache;
+        on the GPU every token after the first is one replay of a captured CUDA graph."""
         eos = set(self.config.eos_token_ids) if eos is None else set(eos)
-        cache = self.new_cache(len(ids) + max_new_tokens)
-        logits = self.decode(self.embed(np.asarray(ids), audio_embeds), cache)
         out = []
-        for _ in range(max_new_tokens):
-            tok = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
-            if tok in eos:
-                break
-            out.append(tok)
-            logits = self.decode(self.embed(np.array([tok])), cache)
+        with device_stream(self.xp):
+            cache = self.new_cache(len(ids) + max_new_tokens + 1)
+            logits = self.forward(self.embed(np.asarray(ids), audio_embeds), cache)
+            decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], p, cache), cache)
+            for _ in range(max_new_tokens):
+                tok = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
+                if tok in eos:
+                    break
+                out.append(tok)
+                logits = decode(np.array([[tok]]), np.array([[cache.length]]))
         return out

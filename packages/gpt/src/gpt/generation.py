@@ -1,13 +1,12 @@
 """The token loop: one batched prefill, then one decode step per new token."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .graph import DecodeGraph
+from .graph import decoder, device_stream
 from .model import GPT
 from .sampling import Sampling, next_tokens
 from .tokenizer import TextStream
@@ -55,32 +54,16 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
     lengths = np.array([len(i) for i in ids])
     rng = np.random.default_rng(seed)
     streams = [TextStream(tokenizer) if tokenizer else None for _ in range(b)]
-    with _stream(model):
+    with device_stream(xp):
         cache = model.new_cache(b, longest + max_new_tokens, kv_start=start)
         logits = model.forward(xp.asarray(batch), xp.asarray(pos), cache)
-        decode = _decoder(model, cache, max_new_tokens)
+        decode = decoder(xp, lambda i, p: model.step(i, p, cache), cache)
         _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text)
     for j, o in enumerate(outs):          # flush what a stop-string prefix held back
         if on_text and len(o.text) > o.emitted:
             on_text(j, o.text[o.emitted:])
         o.emitted = len(o.text)
     return outs
-
-
-def _stream(model: GPT):
-    """A non-default stream for GPU runs (CUDA graphs cannot capture the default one)."""
-    if model.xp is np:
-        return contextlib.nullcontext()
-    import cupy
-
-    return cupy.cuda.Stream(non_blocking=True)
-
-
-def _decoder(model: GPT, cache, max_new_tokens: int):
-    """The per-token step: a replayed CUDA graph on the GPU, a plain forward on the CPU."""
-    if model.xp is np or max_new_tokens < 2:
-        return lambda tok, pos: model.forward(tok, pos, cache)
-    return DecodeGraph(model, cache)
 
 
 def _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text):

@@ -1,39 +1,44 @@
-"""A GPT-2 decode step captured once as a CUDA graph and replayed for every token.
+"""A decode step captured once as a CUDA graph and replayed for every token.
 
-At batch 1 a step is ~150 kernel launches whose host cost (~30 us each through Python and
-ct.launch) exceeds the GPU work several times over; a graph replays them for ~1 us each.
-Everything the step reads that changes per token (token ids, positions, the cache span)
-lives in fixed device buffers refreshed before each replay. Temporaries come from a
-private memory pool so no later allocation can reuse an address the graph writes.
+At batch 1 a step is ~150 (GPT-2) to ~500 (GLM-ASR) kernel launches whose host cost (~30 us
+each through Python and ct.launch) exceeds the GPU work several times over; a graph
+replays them for ~1 us each. Everything the step reads that changes per token (token ids,
+positions, the cache span) lives in fixed device buffers refreshed before each replay.
+Temporaries come from a private memory pool so no later allocation can reuse an address
+the graph writes.
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Callable
+
 import numpy as np
 
-from .model import GPT, KVCache
+from .kvcache import KVCache
 
 
 class DecodeGraph:
     """decode(ids (B, 1), positions (B, 1)) -> logits (B, V) on the device, one token per call.
 
-    Must be created and called under a non-default cupy stream (graphs cannot capture the
-    legacy default stream).
+    step(ids, positions) is the model's device work for one token per sequence, reading
+    the cache span that cache.begin announces. Create and call it under a non-default
+    cupy stream (graphs cannot capture the legacy default stream): see device_stream.
     """
 
-    def __init__(self, model: GPT, cache: KVCache):
+    def __init__(self, step: Callable, cache: KVCache):
         import cupy
 
         b = cache.k.shape[1]
-        self.model, self.cache = model, cache
+        self.cache = cache
         self.ids = cupy.zeros((b, 1), cupy.int64)
         self.positions = cupy.zeros((b, 1), cupy.int64)
         self.pool = cupy.cuda.MemoryPool()
         stream = cupy.cuda.get_current_stream()
         cache.begin(1)      # the warm-up writes the next position; the first real step overwrites it
         with cupy.cuda.using_allocator(self.pool.malloc):
-            model.step(self.ids, self.positions, cache)        # compiles kernels, fills the pool
+            step(self.ids, self.positions)                  # compiles kernels, fills the pool
             stream.begin_capture()
-            self.logits = model.step(self.ids, self.positions, cache)
+            self.logits = step(self.ids, self.positions)
             self.graph = stream.end_capture()
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray):
@@ -45,3 +50,24 @@ class DecodeGraph:
         self.graph.launch(cupy.cuda.get_current_stream())
         self.cache.length += 1
         return self.logits
+
+
+def device_stream(xp):
+    """A non-default stream for GPU runs (CUDA graphs cannot capture the default one)."""
+    if xp is np:
+        return contextlib.nullcontext()
+    import cupy
+
+    return cupy.cuda.Stream(non_blocking=True)
+
+
+def decoder(xp, step: Callable, cache: KVCache) -> Callable:
+    """The per-token step: a replayed CUDA graph on the GPU, a plain call on the CPU."""
+    if xp is np:
+        def plain(ids, positions):
+            cache.begin(1)
+            logits = step(np.asarray(ids).reshape(-1, 1), np.asarray(positions).reshape(-1, 1))
+            cache.length += 1
+            return logits
+        return plain
+    return DecodeGraph(step, cache)

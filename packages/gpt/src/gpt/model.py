@@ -11,6 +11,7 @@ import tilekernels as tk
 
 from .checkpoint import CheckpointError, load_tensors, read_config, take
 from .config import GPTConfig
+from .kvcache import KVCache
 
 
 @dataclass
@@ -25,32 +26,6 @@ class Block:
     fc_b: object
     out_w: object
     out_b: object
-
-
-@dataclass
-class KVCache:
-    """Keys and values for every layer, allocated once at full length: (L, B, H, T_max, D).
-
-    span holds [start, end) of the tokens being added, in device memory for the GPU, so a
-    decode step captured once as a CUDA graph writes and reads the right positions on
-    every replay. kv_start (B,) is each sequence's first real position (left padding).
-    """
-    k: object
-    v: object
-    span: object
-    kv_start: object
-    length: int = 0          # positions filled so far
-
-    def begin(self, new_tokens: int) -> None:
-        """Announce the next new_tokens positions (host to device: outside any graph)."""
-        end = self.length + new_tokens
-        if end > self.k.shape[3]:
-            raise ValueError(f"sequence of {end} tokens exceeds the cache ({self.k.shape[3]})")
-        span = np.array([self.length, end], np.int32)
-        if tk.is_device(self.span):
-            self.span.set(span)
-        else:
-            self.span[...] = span
 
 
 class GPT:
@@ -105,10 +80,8 @@ class GPT:
 
     # ------------------------------------------------------------ inference
     def new_cache(self, batch: int, length: int, kv_start=None) -> KVCache:
-        c, xp = self.config, self.xp
-        shape = (c.n_layer, batch, c.n_head, length, c.head_dim)
-        start = xp.zeros(batch, np.int32) if kv_start is None else xp.asarray(kv_start, np.int32)
-        return KVCache(xp.zeros(shape, np.float32), xp.zeros(shape, np.float32), xp.zeros(2, np.int32), start)
+        c = self.config
+        return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim, kv_start)
 
     def attention(self, i: int, blk: Block, h, cache: KVCache):
         """Causal self-attention of the new tokens h (B, T, C) over the cache and themselves."""
@@ -116,16 +89,7 @@ class GPT:
         xp, nh = self.xp, self.config.n_head
         qkv = tk.linear(h, blk.attn_w, blk.attn_b).reshape(b, t, 3, nh, c // nh)
         q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
-        scale = self.config.attn_scale(i)
-        if t == 1:      # decode: position and valid length live on the device (graph replay)
-            cache.k[i][:, :, cache.span[:1]] = k
-            cache.v[i][:, :, cache.span[:1]] = v
-            y = tk.attention(q, cache.k[i], cache.v[i], True, scale, cache.kv_start, cache.span[1:])
-        else:
-            start, end = cache.length, cache.length + t
-            cache.k[i, :, :, start:end] = k
-            cache.v[i, :, :, start:end] = v
-            y = tk.attention(q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], True, scale, cache.kv_start)
+        y = cache.attend(i, q, k, v, self.config.attn_scale(i))
         y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
         return tk.linear(y, blk.proj_w, blk.proj_b)
 
