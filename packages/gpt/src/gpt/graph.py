@@ -53,12 +53,15 @@ class DecodeGraph:
 
 
 def device_stream(xp):
-    """A non-default stream for GPU runs (CUDA graphs cannot capture the default one)."""
+    """A non-default stream for GPU runs (CUDA graphs cannot capture the default one),
+    ordered after everything already queued on the current stream."""
     if xp is np:
         return contextlib.nullcontext()
     import cupy
 
-    return cupy.cuda.Stream(non_blocking=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    return stream
 
 
 def decoder(xp, step: Callable, cache: KVCache) -> Callable:
