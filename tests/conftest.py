@@ -1,4 +1,4 @@
-"""Shared fixtures: fresh random generators, the relative-error metric, GPU gating."""
+"""Shared fixtures: fresh random generators, poisoned GPU allocations, GPU gating."""
 import numpy as np
 import pytest
 
@@ -28,15 +28,6 @@ def rng():
     seed = int(np.random.SeedSequence().entropy % 2**32)
     print(f"seed={seed}")
     return np.random.default_rng(seed)
-
-
-def rel_err(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64 (cupy arrays are copied to the host)."""
-    out = np.asarray(out.get() if hasattr(out, "get") else out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    assert np.isfinite(out).all(), "non-finite values in output (unwritten or poisoned?)"
-    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
 
 
 @pytest.fixture

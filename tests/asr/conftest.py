@@ -40,11 +40,3 @@ def audio_dir(tmp_path_factory):
     sf.write(d / "nan.wav", nan, 16000, subtype="FLOAT")
     (d / "notaudio.wav").write_text("this is not audio")
     return d
-
-
-def cli(*args, env=None):
-    import os
-
-    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "glm_asr.transcribe", *map(str, args)], capture_output=True,
-                          text=True, env=e, timeout=600)

@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import cli
+from asr_cli import cli
 
 from glm_asr.model import GlmAsr
 from glm_asr.transcribe import Transcriber

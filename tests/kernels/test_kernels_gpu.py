@@ -2,7 +2,7 @@
 cupy allocation poisoned to NaN first so an unwritten output element fails the check."""
 import numpy as np
 import pytest
-from conftest import rel_err
+from numerics import rel_err
 
 import tilekernels as tk
 

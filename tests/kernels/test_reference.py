@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import rel_err
+from numerics import rel_err
 
 import tilekernels as tk
 

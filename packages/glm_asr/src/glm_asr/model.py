@@ -11,6 +11,7 @@ import numpy as np
 
 import tilekernels as tk
 from gpt.checkpoint import CheckpointError, load_tensors, read_config, take
+from gpt.device import move_weights
 from gpt.graph import decoder, device_stream
 from gpt.kvcache import KVCache
 
@@ -102,29 +103,8 @@ class GlmAsr:
         return cls(cfg, w).to(device)
 
     def to(self, device: str) -> "GlmAsr":
-        if device == "gpu":
-            import cupy
-
-            move = cupy.asarray
-        elif device == "cpu":
-            move = lambda a: a.get() if tk.is_device(a) else a  # noqa: E731
-        else:
-            raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
-
-        def m(x):
-            if x is None:
-                return None
-            if isinstance(x, tuple):
-                return tuple(m(a) for a in x)
-            if isinstance(x, list):
-                return [m(a) for a in x]
-            if isinstance(x, (EncoderLayer, DecoderLayer)):
-                return type(x)(*(m(getattr(x, f)) for f in type(x).__dataclass_fields__))
-            return move(x)
-
-        w = {k: m(v) for k, v in self.w.items() if k != "lm_head"}
-        w["lm_head"] = w["embed"] if self.w["lm_head"] is self.w["embed"] else m(self.w["lm_head"])
-        return GlmAsr(self.config, w)
+        """Move every weight to 'cpu' (numpy) or 'gpu' (cupy)."""
+        return GlmAsr(self.config, move_weights(self.w, device))
 
     # ------------------------------------------------------------ audio side
     def encode(self, features):

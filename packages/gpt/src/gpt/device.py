@@ -30,3 +30,37 @@ def pick_device(choice: str) -> str:
         raise ValueError(f"device=gpu but the GPU is not usable ({problem})")
     print(f"note: no usable GPU ({problem}); running on the CPU", file=sys.stderr)
     return "cpu"
+
+
+def move_weights(tree, device: str):
+    """A copy of a weight tree (arrays inside tuples, lists, dicts and dataclasses) on
+    'cpu' (numpy) or 'gpu' (cupy); an array referenced twice (tied weights) stays shared."""
+    import dataclasses
+
+    if device == "gpu":
+        import cupy
+
+        move = cupy.asarray
+    elif device == "cpu":
+        def move(a):
+            return a.get() if type(a).__module__.split(".")[0] == "cupy" else a
+    else:
+        raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
+    seen: dict[int, object] = {}
+
+    def m(x):
+        if x is None:
+            return None
+        if isinstance(x, tuple):
+            return tuple(m(a) for a in x)
+        if isinstance(x, list):
+            return [m(a) for a in x]
+        if isinstance(x, dict):
+            return {k: m(a) for k, a in x.items()}
+        if dataclasses.is_dataclass(x):
+            return type(x)(*(m(getattr(x, f.name)) for f in dataclasses.fields(x)))
+        if id(x) not in seen:
+            seen[id(x)] = move(x)
+        return seen[id(x)]
+
+    return m(tree)

@@ -11,6 +11,7 @@ import tilekernels as tk
 
 from .checkpoint import CheckpointError, load_tensors, read_config, take
 from .config import GPTConfig
+from .device import move_weights
 from .kvcache import KVCache
 
 
@@ -61,22 +62,8 @@ class GPT:
 
     def to(self, device: str) -> "GPT":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy)."""
-        if device == "gpu":
-            import cupy
-
-            move = cupy.asarray
-        elif device == "cpu":
-            move = lambda a: a.get() if tk.is_device(a) else a  # noqa: E731
-        else:
-            raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
-
-        def m(x):
-            return tuple(move(a) for a in x) if isinstance(x, tuple) else move(x)
-
-        blocks = [Block(*(m(getattr(b, f)) for f in Block.__dataclass_fields__)) for b in self.blocks]
-        tied = self.lm_head is self.wte
-        wte = move(self.wte)
-        return GPT(self.config, wte, move(self.wpe), blocks, m(self.ln_f), wte if tied else move(self.lm_head))
+        w = move_weights((self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head), device)
+        return GPT(self.config, *w)
 
     # ------------------------------------------------------------ inference
     def new_cache(self, batch: int, length: int, kv_start=None) -> KVCache:

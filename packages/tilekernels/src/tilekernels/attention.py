@@ -53,6 +53,18 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
 
 
+def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N):
+    """Fold key tile j (scores s, log2 units, masked entries -inf) into the running row max
+    m, sum l and output acc; a row with no visible key so far stays at (-inf, 0, 0)."""
+    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
+    p = ct.exp2(s - m_safe)
+    alpha = ct.exp2(m - m_safe)
+    v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
+    acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32), acc * alpha)
+    return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
+
+
 @ct.kernel
 def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                  D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool):
@@ -88,15 +100,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
             if CAUSAL:
                 visible = visible & (key <= rows)
             s = ct.where(visible, s, NEG_INF)
-        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)      # a row with no key yet
-        p = ct.exp2(s - m_safe)
-        alpha = ct.exp2(m - m_safe)
-        l = l * alpha + ct.sum(p, axis=1, keepdims=True)
-        v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-        acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
-                     acc * alpha)
-        m = m_new
+        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N)
     ct.store(O, index=(b, h, mt, 0), tile=ct.reshape(acc / l, (1, 1, TILE_M, D)))
 
 
@@ -130,15 +134,7 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
                    ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
         key = j * TILE_N + cols
         s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
-        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)      # a chunk of padding only
-        p = ct.exp2(s - m_safe)
-        alpha = ct.exp2(m - m_safe)
-        l = l * alpha + ct.sum(p, axis=1, keepdims=True)
-        v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-        acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32),
-                     acc * alpha)
-        m = m_new
+        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N)
     ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
     ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
     ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
