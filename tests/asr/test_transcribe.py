@@ -19,6 +19,19 @@ def test_prompt_construction(tiny):
         "Please transcribe this audio into text<|assistant|>\n")
 
 
+def test_tied_head_follows_config(tiny, tmp_path, capsys):
+    d = tmp_path / "tied"
+    d.mkdir()
+    for f in tiny.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True
+    (d / "config.json").write_text(json.dumps(cfg))
+    m = GlmAsr.load(d)
+    assert m.w["lm_head"] is m.w["embed"]
+    assert "ignoring the different language_model.lm_head.weight" in capsys.readouterr().err
+
+
 def test_untied_head_and_decoder_cache(tiny):
     m = GlmAsr.load(tiny)
     assert m.w["lm_head"] is not m.w["embed"]

@@ -4,6 +4,7 @@ run on the CPU references, cupy arrays on the cuTile kernels)."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,11 +95,16 @@ class GlmAsr:
                                              m("mlp.down_proj", n, d.intermediate_size)))
         w["embed"] = take(t, "language_model.model.embed_tokens.weight", (d.vocab_size, n))
         w["norm"] = take(t, "language_model.model.norm.weight", (n,))
-        if cfg.tie_word_embeddings or "language_model.lm_head.weight" not in t:
-            if not cfg.tie_word_embeddings:
-                raise CheckpointError("missing tensor language_model.lm_head.weight (tie_word_embeddings is false)")
+        head = t.get("language_model.lm_head.weight")
+        if cfg.tie_word_embeddings:
+            # as transformers does: a tied head is the embedding, whatever else the file holds
+            if head is not None and not np.array_equal(head, w["embed"]):
+                print("note: config ties the output head to embed_tokens; ignoring the different "
+                      "language_model.lm_head.weight in the checkpoint", file=sys.stderr)
             w["lm_head"] = w["embed"]
         else:
+            if head is None:
+                raise CheckpointError("missing tensor language_model.lm_head.weight (tie_word_embeddings is false)")
             w["lm_head"] = take(t, "language_model.lm_head.weight", (d.vocab_size, n))
         return cls(cfg, w).to(device)
 
