@@ -12,10 +12,8 @@ reaches (bytes / copy bandwidth or FLOPs / torch TF32 rate, whichever is larger)
 from __future__ import annotations
 
 import argparse
-import math
 
 import cupy
-import numpy as np
 import torch
 import torch.nn.functional as F
 

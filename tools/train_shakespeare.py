@@ -17,7 +17,6 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

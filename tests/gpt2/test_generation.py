@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from checkpoints import make_gpt2, make_tokenizer
+from checkpoints import make_gpt2
 
 from gpt.generation import generate
 from gpt.model import GPT
