@@ -125,3 +125,15 @@ def test_cli_bad_input_one_line(ckpt, args, message):
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_vocab_and_merges_tokenizer(ckpt, tmp_path):
+    """GPT-2's original tokenizer files load when there is no tokenizer.json."""
+    tok = load_tokenizer(ckpt)
+    d = tmp_path / "old"
+    d.mkdir()
+    tok.model.save(str(d))
+    assert sorted(p.name for p in d.iterdir()) == ["merges.txt", "vocab.json"]
+    old = load_tokenizer(d)
+    text = "whether 'tis nobler in the mind"
+    assert old.encode(text).ids == tok.encode(text).ids and old.decode(old.encode(text).ids) == text
