@@ -84,6 +84,8 @@ def test_no_half_written_output(tiny, audio_dir, tmp_path):
 def test_model_errors_one_line(tiny, audio_dir, tmp_path):
     r = cli(audio_dir / "speech16k.wav", "device=cpu")                     # default hub id, offline
     assert r.returncode == 1 and "not in the local cache and the hub is unreachable" in r.stderr
+    r = cli(audio_dir / "speech16k.wav", "model.id=null", "device=cpu")
+    assert r.returncode == 1 and r.stderr.strip() == "error: no model given: set model=NAME or model.path=DIR"
     bad = tmp_path / "bad"
     bad.mkdir()
     for f in tiny.iterdir():

@@ -68,7 +68,7 @@ def _ids(v) -> list[int]:
 def _rope(c: dict) -> dict:
     rope = dict(c.get("rope_parameters") or {})
     rope.setdefault("rope_theta", c.get("rope_theta", 10000.0))
-    rope.setdefault("partial_rotary_factor", c.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0)))
+    rope.setdefault("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
     if rope.get("rope_type", "default") != "default":
         raise CheckpointError(f"config.json: rope_type {rope['rope_type']!r} is not supported")
     return rope

@@ -1,7 +1,7 @@
 """python -m glm_asr.transcribe audio.wav [more files ...] [key=value ...]
 
 Speech recognition with GLM-ASR on tilekernels. Each 30 s window of a file is one request
-(its segment in srt/vtt/json), so files of any length run in bounded memory.
+(its segment in srt/vtt/json); windows are encoded 8 at a time, so any length works.
 
     python -m glm_asr.transcribe talk.flac output_format=srt output_dir=subs
     python -m glm_asr.transcribe a.wav b.ogg model.path=/ckpt device=cpu
@@ -15,8 +15,8 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from gpt.checkpoint import CheckpointError, resolve
-from gpt.device import pick_device
+from gpt.checkpoint import CheckpointError, from_model_config
+from gpt.device import exit_with_one_line_errors, pick_device
 from gpt.tokenizer import load_tokenizer
 
 from .features import AudioError, read_audio, windows
@@ -70,9 +70,7 @@ def run(cfg: DictConfig, files: list[str]) -> int:
         raise ValueError("max_new_tokens must be >= 1")
     if not files:
         raise ValueError("no audio files given: python -m glm_asr.transcribe FILE [FILE ...]")
-    source = cfg.model.get("path") or cfg.model.get("id")
-    directory = resolve(str(source), cfg.model.get("revision"))
-    asr = Transcriber(directory, pick_device(cfg.device))
+    asr = Transcriber(from_model_config(cfg.model), pick_device(cfg.device))
     failed = 0
     from tqdm import tqdm
 
@@ -97,14 +95,7 @@ def run(cfg: DictConfig, files: list[str]) -> int:
 
 @hydra.main(version_base=None, config_path=str(CONFIGS), config_name="transcribe")
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        code = run(cfg, _FILES)
-    except (CheckpointError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    sys.exit(code)
+    exit_with_one_line_errors(lambda: run(cfg, _FILES))
 
 
 def main() -> None:

@@ -42,6 +42,14 @@ def resolve(model: str, revision: str | None = None, patterns: tuple[str, ...] =
                               f"({type(e).__name__}); use model.path=DIR") from None
 
 
+def from_model_config(model_cfg) -> Path:
+    """The checkpoint directory a CLI model config names: `path` if set, else hub `id` (+ `revision`)."""
+    source = model_cfg.get("path") or model_cfg.get("id")
+    if not source:
+        raise CheckpointError("no model given: set model=NAME or model.path=DIR")
+    return resolve(str(source), model_cfg.get("revision"))
+
+
 def read_config(directory: Path) -> dict:
     path = directory / "config.json"
     try:

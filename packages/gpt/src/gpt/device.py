@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Callable, NoReturn
 
 
 def gpu_problem() -> str | None:
@@ -15,6 +16,20 @@ def gpu_problem() -> str | None:
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
     return None
+
+
+def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
+    """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback."""
+    from .checkpoint import CheckpointError
+
+    try:
+        code = run() or 0
+    except (CheckpointError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code)
 
 
 def pick_device(choice: str) -> str:

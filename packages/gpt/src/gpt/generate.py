@@ -12,8 +12,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .checkpoint import CheckpointError, resolve
-from .device import pick_device
+from .checkpoint import from_model_config
+from .device import exit_with_one_line_errors, pick_device
 from .generation import generate
 from .model import GPT
 from .sampling import Sampling
@@ -26,10 +26,7 @@ OmegaConf.register_new_resolver("gpt_data", lambda name: str(DATA / name), repla
 
 def load(model_cfg: DictConfig, device: str):
     """(model, tokenizer) from a model config: a local path, else a hub id."""
-    source = model_cfg.get("path") or model_cfg.get("id")
-    if not source:
-        raise CheckpointError("no model given: set model=NAME or model.path=DIR")
-    directory = resolve(str(source), model_cfg.get("revision"))
+    directory = from_model_config(model_cfg)
     return GPT.load(directory, device), load_tokenizer(directory)
 
 
@@ -72,13 +69,7 @@ def run(cfg: DictConfig) -> None:
 
 @hydra.main(version_base=None, config_path=str(CONFIGS), config_name="generate")
 def main(cfg: DictConfig) -> None:
-    try:
-        run(cfg)
-    except (CheckpointError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    exit_with_one_line_errors(lambda: run(cfg))
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ names the argument.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch"]
+__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count"]
 
 
 def is_device(a: Any) -> bool:
@@ -77,6 +78,14 @@ def check(
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (cuTile tile dimensions must be powers of two)."""
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    """Multiprocessors of the current GPU (grid sizing for split-K and split-KV)."""
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
 class _DeviceArg:

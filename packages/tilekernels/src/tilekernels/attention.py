@@ -12,13 +12,12 @@ the partial softmax states, so a single query still fills the GPU.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, launch, next_pow2
+from ._arrays import array_module, backend, check, launch, next_pow2, sm_count
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -160,17 +159,11 @@ def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
 FLASH_TILES = {64: (64, 64), 128: (64, 64)}   # D -> (TILE_M, TILE_N)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count() -> int:
-    import cupy
 
-    return cupy.cuda.Device().attributes["MultiProcessorCount"]
-
-
-def decode_splits(tk: int, units: int, sm_count: int = 132) -> tuple[int, int]:
+def decode_splits(tk: int, units: int, sms: int = 132) -> tuple[int, int]:
     """(tiles per split, number of splits) so that units * splits fills the GPU twice."""
     tiles = -(-tk // DECODE_TILE_N)
-    want = min(tiles, MAX_SPLITS, max(1, -(-2 * sm_count // units)))
+    want = min(tiles, MAX_SPLITS, max(1, -(-2 * sms // units)))
     per = -(-tiles // want)
     return per, -(-tiles // per)
 
@@ -188,7 +181,7 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
     if tq == 1:
         if kv_len is None:
             kv_len = cupy.full(1, tk, dtype=cupy.int32)
-        per, splits = decode_splits(tk, bsz * hkv, _sm_count())
+        per, splits = decode_splits(tk, bsz * hkv, sm_count())
         g_pad = max(16, next_pow2(group))
         po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
         pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)

@@ -7,12 +7,11 @@ that also applies bias and activation.
 """
 from __future__ import annotations
 
-import functools
 
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch
+from ._arrays import backend, check, launch, sm_count
 from .activations import activation_code, apply_activation_reference, tile_activation
 
 ConstInt = ct.Constant[int]
@@ -81,20 +80,14 @@ SMALL_M = (16, 64, 64)     # (TILE_M, TILE_N, TILE_K) for decode-sized M
 LARGE_M = (128, 128, 32)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count() -> int:
-    import cupy
 
-    return cupy.cuda.Device().attributes["MultiProcessorCount"]
-
-
-def linear_plan(m: int, n: int, k: int, sm_count: int = 132) -> tuple[tuple[int, int, int], int, int]:
+def linear_plan(m: int, n: int, k: int, sms: int = 132) -> tuple[tuple[int, int, int], int, int]:
     """Tile config, K tiles per split and number of splits for an (M, N, K) product."""
     tiles = SMALL_M if m <= 16 else LARGE_M
     tm, tn, tk = tiles
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
-    want = max(1, -(-2 * sm_count // out_tiles))
+    want = max(1, -(-2 * sms // out_tiles))
     split = min(k_tiles, want, 64)
     per = -(-k_tiles // split)
     return tiles, per, -(-k_tiles // per)
@@ -110,7 +103,7 @@ def _linear_cupy(x, weight, bias, code):
     y = cupy.empty((m, n), dtype=cupy.float32)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    (tm, tn, tk), per, split = linear_plan(m, n, k, _sm_count())
+    (tm, tn, tk), per, split = linear_plan(m, n, k, sm_count())
     grid = (-(-m // tm) * -(-n // tn), split, 1)
     b = weight if bias is None else bias
     if split == 1:
