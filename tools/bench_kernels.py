@@ -71,16 +71,12 @@ def main():
               f"eager call ours {oc:.4f} torch {tc:.4f}", flush=True)
 
     for n in (768, 1024, 1280, 2048):
-        x, r, w, b = rand(8192, n), rand(8192, n), rand(n), rand(n)
+        x, w, b = rand(8192, n), rand(n), rand(n)
         bench("layernorm", f"8192x{n}", lambda: tk.layernorm(x, w, b),
               lambda: F.layer_norm(T(x), (n,), T(w), T(b)), 2 * x.nbytes)
-        bench("add_layernorm", f"8192x{n}", lambda: tk.add_layernorm(x, r, w, b),
-              lambda: F.layer_norm(T(x) + T(r), (n,), T(w), T(b)), 4 * x.nbytes)
-    x, r, w = rand(8192, 2048), rand(8192, 2048), rand(2048)
+    x, w = rand(8192, 2048), rand(2048)
     bench("rmsnorm", "8192x2048", lambda: tk.rmsnorm(x, w, 1e-5),
           lambda: F.rms_norm(T(x), (2048,), T(w), 1e-5), 2 * x.nbytes)
-    bench("add_rmsnorm", "8192x2048", lambda: tk.add_rmsnorm(x, r, w, 1e-5),
-          lambda: F.rms_norm(T(x) + T(r), (2048,), T(w), 1e-5), 4 * x.nbytes)
     x = rand(32, 512, 768)
     bench("gelu_tanh", "32x512x768", lambda: tk.gelu(x), lambda: F.gelu(T(x), approximate="tanh"), 2 * x.nbytes)
     x = rand(8192, 5120)
@@ -98,6 +94,36 @@ def main():
             x = rand(m, k)
             bench("linear", f"M={m} K={k} N={n}", lambda: tk.linear(x, w, bias),
                   lambda: F.linear(T(x), T(w), T(bias)), 4 * (m * k + n * k + m * n), 2.0 * m * n * k)
+
+    # decode projections with their fused prologue / epilogue, against torch's unfused ops
+    for m in (1, 8):
+        x, r = rand(m, 768), rand(m, 768)
+        ln = tk.LayerNorm(rand(768), rand(768))
+        w, bias = rand(2304, 768, scale=0.02), rand(2304)
+        bench("linear+layernorm", f"M={m} K=768 N=2304", lambda: tk.linear(x, w, bias, norm=ln),
+              lambda: F.linear(F.layer_norm(T(x), (768,), T(ln.weight), T(ln.bias)), T(w), T(bias)), w.nbytes)
+        w, bias = rand(768, 3072, scale=0.02), rand(768)
+        h = rand(m, 3072)
+        bench("linear+residual", f"M={m} K=3072 N=768", lambda: tk.linear(h, w, bias, residual=r),
+              lambda: T(r) + F.linear(T(h), T(w), T(bias)), w.nbytes)
+        x = rand(m, 2048)
+        rms = tk.RMSNorm(rand(2048), 1e-5)
+        w = rand(12288, 2048, scale=0.02)
+
+        def torch_swiglu():
+            gu = F.linear(F.rms_norm(T(x), (2048,), T(rms.weight), 1e-5), T(w))
+            return F.silu(gu[:, :6144]) * gu[:, 6144:]
+        bench("linear+rmsnorm+swiglu", f"M={m} K=2048 N=2x6144",
+              lambda: tk.linear(x, w, activation="swiglu", norm=rms), torch_swiglu, w.nbytes)
+
+    # 3xTF32 (precision 'highest') against torch in full fp32
+    x, w, bias = rand(4096, 2048), rand(6144, 2048, scale=0.02), rand(6144)
+    tk.set_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bench("linear highest", "M=4096 K=2048 N=6144", lambda: tk.linear(x, w, bias),
+          lambda: F.linear(T(x), T(w), T(bias)), 4 * (x.size + w.size + 4096 * 6144), 2.0 * 4096 * 6144 * 2048)
+    tk.set_matmul_precision("high")
+    torch.backends.cuda.matmul.allow_tf32 = True
 
     def attn_case(name, b, hq, hkv, tq, tk_, d, causal):
         q, k, v = rand(b, hq, tq, d), rand(b, hkv, tk_, d), rand(b, hkv, tk_, d)

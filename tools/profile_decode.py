@@ -42,7 +42,7 @@ def main():
         h = cupy.random.standard_normal((b, 1, 768), dtype=cupy.float32)
         show("  linear qkv 768->2304", lambda: tk.linear(h, blk.attn_w, blk.attn_b))
         show("  linear fc 768->3072 gelu", lambda: tk.linear(h, blk.fc_w, blk.fc_b, activation="gelu_tanh"))
-        show("  add_layernorm", lambda: tk.add_layernorm(h, h, *blk.ln_2))
+        show("  layernorm", lambda: blk.ln_2(h))
         cache.length = 512
         show("  attention block (qkv..proj)", lambda: (cache.begin(1), model.attention(0, blk, h, cache)))
         q = cupy.random.standard_normal((b, 12, 1, 64), dtype=cupy.float32)

@@ -44,3 +44,24 @@ def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
             ref = model.forward(cupy.asarray(tok)[:, None], cupy.asarray(p), plain).get()
             got = decode(np.array(tok), p).get()
             np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
+    from gpt.graph import DecodeGraph
+
+    d = make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64)
+    model = GPT.load(d, "gpu")
+    prompt = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]])
+    pos = cupy.arange(4)[None].repeat(2, 0)
+    with cupy.cuda.Stream(non_blocking=True):
+        plain, graphed = model.new_cache(2, 32), model.new_cache(2, 32)
+        first = model.forward(prompt, pos, plain).get().argmax(-1)
+        model.forward(prompt, pos, graphed)
+        ref, tok = [], first
+        for s in range(10):
+            tok = model.forward(cupy.asarray(tok)[:, None], cupy.full((2, 1), 4 + s), plain).get().argmax(-1)
+            ref.append(tok)
+        decode = DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
+        got = list(decode.greedy(first, np.array([4, 4]), 10))
+    np.testing.assert_array_equal(np.array(got), np.array(ref))
+    assert graphed.length == plain.length

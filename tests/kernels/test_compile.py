@@ -4,6 +4,7 @@ No GPU is needed: export_kernel runs the cuTile front end and tileiras, which ca
 typing and lowering errors on a CPU-only machine.
 """
 import io
+import os
 
 import cuda.tile as ct
 import pytest
@@ -19,7 +20,7 @@ act, attention, conv1d, linear, norm, rope, softmax = (
     import_module(f"tilekernels.{m}")
     for m in ("activations", "attention", "conv1d", "linear", "norm", "rope", "softmax"))
 
-ARCHS = ["sm_80", "sm_90", "sm_100", "sm_120"]
+ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
 
 
@@ -39,37 +40,53 @@ def specializations():
     for n in (768, 1024, 1280, 1600, 2048):          # GPT-2 sizes, GLM encoder, GLM decoder
         rows, tile = norm.norm_config(n)
         for rms in (False, True):
-            for res in (False, True):
-                out.append((f"norm-{n}-rms{rms}-res{res}", norm.norm_kernel,
-                            [arr(2), arr(2), arr(2), arr(1), arr(1), arr(2), F32, F32, rows, tile, rms, res]))
+            out.append((f"norm-{n}-rms{rms}", norm.norm_kernel,
+                        [arr(2), arr(1), arr(1), arr(2), F32, F32, rows, tile, rms]))
     for code in (act.GELU_TANH, act.GELU_ERF, act.SILU):
         for gated in (False, True):
             out.append((f"act-{code}-{gated}", act.activation_kernel,
                         [arr(1), arr(1), arr(1), act.ELEMENTWISE_TILE, code, gated]))
-    for tiles in (linear.SMALL_M, linear.LARGE_M):
-        for bias, code in ((False, 0), (True, 0), (True, act.GELU_TANH), (True, act.GELU_ERF)):
-            out.append((f"linear-{tiles}-{bias}-{code}", linear.linear_kernel,
-                        [arr(2), arr(2), arr(1), arr(2), I32, *tiles, bias, code, False]))
-        out.append((f"linear-{tiles}-partial", linear.linear_kernel,
-                    [arr(2), arr(2), arr(1), arr(3), I32, *tiles, False, 0, True]))
-    for bias, code in ((False, 0), (True, 0), (True, act.GELU_TANH), (True, act.GELU_ERF)):
-        out.append((f"splitk-{bias}-{code}", linear.splitk_reduce_kernel,
-                    [arr(3), arr(1), arr(2), 256, bias, code]))
+    # (bias, act, glu, residual) of the models' decode projections
+    decode = [(True, 0, False, False), (True, 0, False, True), (True, act.GELU_TANH, False, False),
+              (False, 0, False, False), (False, 0, False, True), (False, act.SILU, True, False)]
+    for bias, code, glu, res in decode:
+        name = f"{bias}-{code}-glu{glu}-res{res}"
+        out.append((f"gemv-{name}", linear.gemv_kernel,
+                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), 16, linear.GEMV_TILE_K, bias, code, glu, res]))
+        for precise in (False, True):
+            out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
+                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), *(linear.SKINNY_GLU if glu else linear.SKINNY),
+                         bias, code, glu, res, precise]))
+    for bias, code, glu, res in ((True, 0, False, False), (True, 0, False, True), (True, act.GELU_ERF, False, False),
+                                 (True, act.GELU_TANH, False, False), (False, 0, False, False),
+                                 (False, 0, False, True), (False, act.SILU, True, False)):
+        tiles = linear.GLU_LARGE_M if glu else linear.LARGE_M
+        for precise in (False, True):
+            out.append((f"linear-{bias}-{code}-glu{glu}-res{res}-p{precise}", linear.linear_kernel,
+                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), I32, *tiles, bias, code, glu, res, False, precise]))
+    out.append(("linear-partial", linear.linear_kernel,
+                [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *linear.LARGE_M, False, 0, False, False, True, False]))
+    for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),
+                            (True, act.GELU_ERF, False), (False, 0, True)):
+        out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
+                    [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
     for d in (64, 128):
         tm, tn = attention.FLASH_TILES[d]
-        for causal in (False, True):
-            out.append((f"flash-{d}-{causal}", attention.flash_kernel,
-                        [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal]))
-        out.append((f"decode-{d}", attention.decode_split_kernel,
-                    [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), iarr(1), F32, I32,
-                     d, 16, attention.DECODE_TILE_N]))
+        for causal, precise in ((False, False), (True, False), (False, True)):
+            out.append((f"flash-{d}-{causal}-p{precise}", attention.flash_kernel,
+                        [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal, precise]))
+        for precise in (False, True):
+            out.append((f"decode-{d}-p{precise}", attention.decode_split_kernel,
+                        [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), iarr(1), F32, I32,
+                         d, 16, attention.DECODE_TILE_N, precise]))
         out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(5), arr(4), arr(4), arr(4), I32, d]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
-    out.append(("conv1d-gelu", conv1d.conv1d_kernel,
-                [arr(3), arr(3, False), arr(1), arr(3), I32, I32, 3, True, act.GELU_ERF]))
+    for precise in (False, True):
+        out.append((f"conv1d-gelu-p{precise}", conv1d.conv1d_kernel,
+                    [arr(3), arr(3, False), arr(1), arr(3), I32, I32, 3, True, act.GELU_ERF, precise]))
     return out
 
 

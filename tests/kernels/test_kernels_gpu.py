@@ -19,15 +19,12 @@ def pair(rng, *shape, scale=1.0):
 
 @pytest.mark.parametrize("rows,n", [(1, 1), (7, 7), (769, 768), (33, 1281), (8, 2048), (3, 6144)])
 def test_norms(poisoned, rng, rows, n):
-    (x, gx), (r, gr), (w, gw), (b, gb) = (pair(rng, rows, n), pair(rng, rows, n), pair(rng, n), pair(rng, n))
-    s64 = x.astype(np.float64) + r
-    assert rel_err(tk.layernorm(gx, gw, gb), tk.layernorm(x, w, b)) <= FP32
-    gs, gy = tk.add_layernorm(gx, gr, gw, gb)
-    assert rel_err(gs, s64) <= FP32
-    mu = s64.mean(-1, keepdims=True)
-    assert rel_err(gy, (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b) <= FP32
-    gs, gy = tk.add_rmsnorm(gx, gr, gw, 1e-5)
-    assert rel_err(gy, s64 / np.sqrt((s64 ** 2).mean(-1, keepdims=True) + 1e-5) * w) <= FP32
+    (x, gx), (w, gw), (b, gb) = pair(rng, rows, n), pair(rng, n), pair(rng, n)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    ln = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+    assert rel_err(tk.layernorm(gx, gw, gb), ln) <= FP32
+    assert rel_err(tk.rmsnorm(gx, gw, 1e-5), x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w) <= FP32
 
 
 @pytest.mark.parametrize("n", [1, 7, 769, 1281, 4096 * 3 + 5])
@@ -56,6 +53,75 @@ def test_linear(poisoned, rng, m, k, n, act):
     scale = np.abs(x).astype(np.float64) @ np.abs(w).T + np.abs(b)
     assert np.linalg.norm(out.get() - ref) / np.linalg.norm(scale) <= TF32
     assert rel_err(out, ref) <= TF32 or m * n < 64
+
+
+def fused_reference(x, w, b, act, norm, eps, residual):
+    """float64: residual + act(norm(x) @ w.T + b), act 'swiglu' splitting the output in halves."""
+    x = x.astype(np.float64)
+    if norm is not None:
+        nw, nb = norm
+        mu = x.mean(-1, keepdims=True) if nb is not None else 0.0
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        x = (x - mu) / np.sqrt(var + eps) * nw + (nb if nb is not None else 0.0)
+    y = x @ w.T.astype(np.float64) + (0.0 if b is None else b)
+    if act == "swiglu":
+        g, u = np.split(y, 2, axis=-1)
+        y = g / (1 + np.exp(-g)) * u
+    elif act == "gelu_tanh":
+        y = 0.5 * y * (1 + np.tanh(np.sqrt(2 / np.pi) * (y + 0.044715 * y ** 3)))
+    return y if residual is None else y + residual
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 17, 300])
+@pytest.mark.parametrize("k,n,norm,act,bias,res", [
+    (768, 2304, "layer", None, True, False),        # GPT-2 qkv with ln_1
+    (768, 3072, "layer", "gelu_tanh", True, False),  # GPT-2 fc with ln_2
+    (3072, 769, None, None, True, True),             # projection + residual, ragged N
+    (1281, 12, "rms", "swiglu", False, False),       # tiny gated unit, ragged K
+    (2048, 12288, "rms", "swiglu", False, False),    # GLM gate/up
+    (2048, 2048, None, None, False, True),           # GLM o_proj + residual
+    (768, 50257, "layer", None, False, False),       # GPT-2 head with ln_f
+])
+def test_linear_fused(poisoned, rng, m, k, n, norm, act, bias, res):
+    (x, gx), (w, gw) = pair(rng, m, k, scale=2.0), pair(rng, n, k, scale=0.05)
+    b, gb = pair(rng, n) if bias else (None, None)
+    n_out = n // 2 if act == "swiglu" else n
+    r, gr = pair(rng, m, n_out) if res else (None, None)
+    (nw, gnw), (nb, gnb) = pair(rng, k), pair(rng, k)
+    spec = {"layer": ((nw, nb), tk.LayerNorm(gnw, gnb, 1e-5)), "rms": ((nw, None), tk.RMSNorm(gnw, 1e-5)),
+            None: (None, None)}[norm]
+    out = tk.linear(gx, gw, gb, activation=act, norm=spec[1], residual=gr)
+    ref = fused_reference(x, w, b, act, spec[0], 1e-5, r)
+    # M = 1 with up to 4096 outputs runs in plain fp32 on CUDA cores
+    assert rel_err(out, ref) <= (FP32 if m == 1 and n_out <= 4096 else TF32)
+
+
+@pytest.fixture
+def highest():
+    tk.set_matmul_precision("highest")
+    yield
+    tk.set_matmul_precision("high")
+
+
+@pytest.mark.parametrize("m", [7, 769])
+def test_linear_highest_precision_is_fp32(poisoned, rng, highest, m):
+    (x, gx), (w, gw), (b, gb), (r, gr) = pair(rng, m, 1281), pair(rng, 2304, 1281), pair(rng, 2304), pair(rng, m, 2304)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b + r
+    assert rel_err(tk.linear(gx, gw, gb, residual=gr), ref) <= FP32
+    (w2, gw2) = pair(rng, 2 * 769, 1281)
+    # silu(gate) * up multiplies two fp32-accurate sums: their errors add
+    ref = fused_reference(x, w2, None, "swiglu", None, 0, None)
+    assert rel_err(tk.linear(gx, gw2, activation="swiglu"), ref) <= 2 * FP32
+
+
+def test_attention_and_conv_highest_precision_are_fp32(poisoned, rng, highest):
+    (q, gq), (k, gk), (v, gv) = pair(rng, 2, 8, 77, 64), pair(rng, 2, 2, 300, 64), pair(rng, 2, 2, 300, 64)
+    assert rel_err(tk.attention(gq, gk, gv, causal=True), tk.attention(q, k, v, causal=True)) <= FP32
+    assert rel_err(tk.attention(gq[:, :, :1].copy(), gk, gv, causal=True),
+                   tk.attention(q[:, :, :1].copy(), k, v, causal=True)) <= FP32
+    (x, gx), (w, gw), (b, gb) = pair(rng, 2, 129, 301), pair(rng, 96, 129, 3, scale=0.1), pair(rng, 96)
+    ref = tk.conv1d(x.astype(np.float64).astype(np.float32), w, b, 2, 1)
+    assert rel_err(tk.conv1d(gx, gw, gb, 2, 1), ref) <= FP32
 
 
 def test_linear_without_bias_tanh(poisoned, rng):

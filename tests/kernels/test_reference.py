@@ -15,25 +15,35 @@ def f32(rng, *shape, scale=1.0):
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_layernorm_and_residual(rng, n):
-    x, r, w, b = f32(rng, 5, n), f32(rng, 5, n), f32(rng, n), f32(rng, n)
-    s64 = x.astype(np.float64) + r
-    mu = s64.mean(-1, keepdims=True)
-    ref = (s64 - mu) / np.sqrt(((s64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
-    s, y = tk.add_layernorm(x, r, w, b, 1e-5)
+def test_layernorm(rng, n):
+    x, w, b = f32(rng, 5, n), f32(rng, n), f32(rng, n)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+    y = tk.layernorm(x, w, b, 1e-5)
     assert y.dtype == np.float32 and rel_err(y, ref) <= 1e-6
-    assert rel_err(s, s64) <= 1e-7
-    assert rel_err(tk.layernorm(s, w, b), ref) <= 1e-6
+    assert rel_err(tk.LayerNorm(w, b)(x), ref) <= 1e-6
 
 
 @pytest.mark.parametrize("n", SIZES)
-def test_rmsnorm_and_residual(rng, n):
-    x, r, w = f32(rng, 3, 2, n), f32(rng, 3, 2, n), f32(rng, n)
-    s64 = x.astype(np.float64) + r
-    ref = s64 / np.sqrt((s64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
-    s, y = tk.add_rmsnorm(x, r, w, 1e-6)
-    assert rel_err(y, ref) <= 1e-6
-    assert rel_err(tk.rmsnorm(s, w, 1e-6), ref) <= 1e-6
+def test_rmsnorm(rng, n):
+    x, w = f32(rng, 3, 2, n), f32(rng, n)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    assert rel_err(tk.rmsnorm(x, w, 1e-6), ref) <= 1e-6
+    assert rel_err(tk.RMSNorm(w, 1e-6)(x), ref) <= 1e-6
+
+
+@pytest.mark.parametrize("n", [2, 14, 770])
+def test_linear_with_norm_swiglu_and_residual(rng, n):
+    x, w, nw = f32(rng, 3, 7, 33), f32(rng, n, 33, scale=0.3), f32(rng, 33)
+    r = f32(rng, 3, 7, n // 2)
+    x64 = x.astype(np.float64)
+    h = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * nw
+    g, u = np.split(h @ w.T.astype(np.float64), 2, axis=-1)
+    ref = r + g / (1 + np.exp(-g)) * u
+    out = tk.linear(x, w, activation="swiglu", norm=tk.RMSNorm(nw, 1e-6), residual=r)
+    assert out.dtype == np.float32 and out.shape == (3, 7, n // 2) and rel_err(out, ref) <= 1e-6
 
 
 @pytest.mark.parametrize("n", SIZES)

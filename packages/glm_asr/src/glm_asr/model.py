@@ -3,6 +3,7 @@ projector, and a Llama decoder, all written against the tilekernels ops (numpy a
 run on the CPU references, cupy arrays on the cuTile kernels)."""
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -21,23 +22,23 @@ from .config import GlmAsrConfig
 
 @dataclass
 class EncoderLayer:
-    ln1: tuple
+    ln1: tk.LayerNorm
     q: tuple
     k: tuple          # (weight, None): k_proj has no bias
     v: tuple
     o: tuple
-    ln2: tuple
+    ln2: tk.LayerNorm
     fc1: tuple
     fc2: tuple
 
 
 @dataclass
 class DecoderLayer:
-    ln1: object
+    ln1: tk.RMSNorm
     qkv: object       # q, k, v projections stacked: (Hq*D + 2*Hkv*D, C)
     o: object
-    ln2: object
-    gate_up: object   # gate and up stacked: (2*I, C)
+    ln2: tk.RMSNorm
+    gate_up: object   # gate and up stacked: (2*I, C), for linear(..., activation="swiglu")
     down: object
 
 
@@ -45,6 +46,7 @@ class GlmAsr:
     def __init__(self, config: GlmAsrConfig, w: dict):
         self.config, self.w = config, w
         self.xp = tk.array_module(w["embed"])
+        self._decode = None         # the KV cache and captured decode step, reused by every request
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -63,7 +65,7 @@ class GlmAsr:
             return take(t, key + ".weight", (n_out, n_in)), (take(t, key + ".bias", (n_out,)) if bias else None)
 
         def ln(key, n):
-            return take(t, key + ".weight", (n,)), take(t, key + ".bias", (n,))
+            return tk.LayerNorm(take(t, key + ".weight", (n,)), take(t, key + ".bias", (n,)))   # nn.LayerNorm eps 1e-5
 
         w = {"conv1": (take(t, "audio_tower.conv1.weight", (c, e.num_mel_bins, 3)), take(t, "audio_tower.conv1.bias", (c,))),
              "conv2": (take(t, "audio_tower.conv2.weight", (c, c, 3)), take(t, "audio_tower.conv2.bias", (c,))),
@@ -89,12 +91,13 @@ class GlmAsr:
             qkv = np.concatenate([m("self_attn.q_proj", d.num_heads * D), m("self_attn.k_proj", d.num_kv_heads * D),
                                   m("self_attn.v_proj", d.num_kv_heads * D)])
             gate_up = np.concatenate([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
-            w["decoder"].append(DecoderLayer(take(t, p + "input_layernorm.weight", (n,)), qkv,
-                                             m("self_attn.o_proj", n, d.num_heads * D),
-                                             take(t, p + "post_attention_layernorm.weight", (n,)), gate_up,
+            w["decoder"].append(DecoderLayer(tk.RMSNorm(take(t, p + "input_layernorm.weight", (n,)), d.rms_norm_eps),
+                                             qkv, m("self_attn.o_proj", n, d.num_heads * D),
+                                             tk.RMSNorm(take(t, p + "post_attention_layernorm.weight", (n,)),
+                                                        d.rms_norm_eps), gate_up,
                                              m("mlp.down_proj", n, d.intermediate_size)))
         w["embed"] = take(t, "language_model.model.embed_tokens.weight", (d.vocab_size, n))
-        w["norm"] = take(t, "language_model.model.norm.weight", (n,))
+        w["norm"] = tk.RMSNorm(take(t, "language_model.model.norm.weight", (n,)), d.rms_norm_eps)
         head = t.get("language_model.lm_head.weight")
         if cfg.tie_word_embeddings:
             # as transformers does: a tied head is the embedding, whatever else the file holds
@@ -125,18 +128,17 @@ class GlmAsr:
         x = xp.ascontiguousarray(x.transpose(0, 2, 1))                      # (W, T, C)
         b, t, c = x.shape
         cos, sin = tk.rope_cos_sin(xp.arange(t, dtype=np.int32), e.rotary_dim, e.rope_theta)
-        h = tk.layernorm(x, *w["encoder"][0].ln1)
-        for i, L in enumerate(w["encoder"]):
+        for L in w["encoder"]:
+            h = L.ln1(x)
             q = tk.rope(tk.linear(h, *L.q).reshape(b, t, e.num_heads, e.head_dim), cos, sin, e.rotary_dim)
             k = tk.rope(tk.linear(h, *L.k).reshape(b, t, e.num_kv_heads, e.head_dim), cos, sin, e.rotary_dim)
             v = tk.linear(h, *L.v).reshape(b, t, e.num_kv_heads, e.head_dim)
             heads = [xp.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v)]
             y = tk.attention(*heads, causal=False)
             y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
-            x, h = tk.add_layernorm(x, tk.linear(y, *L.o), *L.ln2)
-            nxt = w["encoder"][i + 1].ln1 if i + 1 < len(w["encoder"]) else w["enc_norm"]
-            x, h = tk.add_layernorm(x, tk.linear(tk.linear(h, *L.fc1, activation=e.activation), *L.fc2), *nxt)
-        return h
+            x = tk.linear(y, *L.o, residual=x)
+            x = tk.linear(tk.linear(x, *L.fc1, activation=e.activation, norm=L.ln2), *L.fc2, residual=x)
+        return w["enc_norm"](x)
 
     def project(self, states):
         """Encoder states (W, T, C) -> text-space embeddings (W, T/4, C_text), 4 frames merged."""
@@ -163,22 +165,27 @@ class GlmAsr:
         b, t, n = x.shape
         D, hq, hkv = d.head_dim, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
         cos, sin = tk.rope_cos_sin(positions, D, d.rope_theta)
-        h = tk.rmsnorm(x, w["decoder"][0].ln1, d.rms_norm_eps)
         for i, L in enumerate(w["decoder"]):
-            qkv = tk.linear(h, L.qkv)
+            qkv = tk.linear(x, L.qkv, norm=L.ln1)
             q = tk.rope(xp.ascontiguousarray(qkv[..., :hq]).reshape(b, t, d.num_heads, D), cos, sin)
             k = tk.rope(xp.ascontiguousarray(qkv[..., hq:hq + hkv]).reshape(b, t, d.num_kv_heads, D), cos, sin)
             v = qkv[..., hq + hkv:].reshape(b, t, d.num_kv_heads, D)
             y = cache.attend(i, xp.ascontiguousarray(q.transpose(0, 2, 1, 3)), k.transpose(0, 2, 1, 3),
                              v.transpose(0, 2, 1, 3), D ** -0.5)
             y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, hq)
-            x, h = tk.add_rmsnorm(x, tk.linear(y, L.o), L.ln2, d.rms_norm_eps)
-            gu = tk.linear(h, L.gate_up)
-            inner = d.intermediate_size
-            mlp = tk.linear(tk.swiglu(xp.ascontiguousarray(gu[..., :inner]), xp.ascontiguousarray(gu[..., inner:])), L.down)
-            nxt = w["decoder"][i + 1].ln1 if i + 1 < len(w["decoder"]) else w["norm"]
-            x, h = tk.add_rmsnorm(x, mlp, nxt, d.rms_norm_eps)
-        return tk.linear(xp.ascontiguousarray(h[:, -1]), w["lm_head"])
+            x = tk.linear(y, L.o, residual=x)
+            x = tk.linear(tk.linear(x, L.gate_up, activation="swiglu", norm=L.ln2), L.down, residual=x)
+        return tk.linear(xp.ascontiguousarray(x[:, -1]), w["lm_head"], norm=w["norm"])
+
+    def _decoder(self, length: int):
+        """An emptied KV cache of at least `length` positions with its decode step (on the GPU a
+        CUDA graph captured once; lengths live on the device, so every request that fits reuses it)."""
+        if self._decode is None or self._decode.cache.k.shape[3] < length:
+            self._decode = None
+            cache = self.new_cache(length)
+            self._decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], p, cache), cache)
+        self._decode.cache.length = 0
+        return self._decode
 
     def embed(self, ids: np.ndarray, audio_embeds=None):
         """Token embeddings (1, T, C) with the audio placeholders replaced, in order."""
@@ -194,13 +201,12 @@ class GlmAsr:
         eos = set(self.config.eos_token_ids) if eos is None else set(eos)
         out = []
         with device_stream(self.xp):
-            cache = self.new_cache(len(ids) + max_new_tokens + 1)
-            logits = self.forward(self.embed(np.asarray(ids), audio_embeds), cache)
-            decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], p, cache), cache)
-            for _ in range(max_new_tokens):
-                tok = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
+            decode = self._decoder(len(ids) + max_new_tokens + 1)
+            logits = self.forward(self.embed(np.asarray(ids), audio_embeds), decode.cache)
+            first = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
+            chain = decode.greedy(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
+            for tok in itertools.islice(itertools.chain([first], (int(t[0]) for t in chain)), max_new_tokens):
                 if tok in eos:
                     break
                 out.append(tok)
-                logits = decode(np.array([[tok]]), np.array([[cache.length]]))
         return out

@@ -64,8 +64,8 @@ def move_weights(tree, device: str):
     seen: dict[int, object] = {}
 
     def m(x):
-        if x is None:
-            return None
+        if x is None or isinstance(x, (int, float, str)):
+            return x
         if isinstance(x, tuple):
             return tuple(m(a) for a in x)
         if isinstance(x, list):

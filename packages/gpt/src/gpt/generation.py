@@ -66,11 +66,26 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
     return outs
 
 
-def _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text):
-    for step in range(max_new_tokens):
+def _tokens(decode, logits, ids, outs, lengths, max_new_tokens, sampling, rng, eos):
+    """The chosen ids (B,) of every step. Greedy decoding stays on the device after the
+    first token (DecodeGraph.greedy); sampling reads each step's logits on the host."""
+    def pick(logits):
         host = logits.get() if hasattr(logits, "get") else logits
-        seen = [np.array(i + o.tokens) for i, o in zip(ids, outs)]
-        tok = next_tokens(host, seen, sampling, rng)
+        return next_tokens(host, [np.array(i + o.tokens) for i, o in zip(ids, outs)], sampling, rng)
+
+    tok = pick(logits)
+    yield tok
+    if sampling.temperature == 0 and sampling.repetition_penalty == 1.0:
+        yield from decode.greedy(tok, lengths, max_new_tokens - 1)
+        return
+    for step in range(max_new_tokens - 1):
+        nxt = np.where([o.done for o in outs], eos, tok)[:, None]
+        tok = pick(decode(nxt, (lengths + step)[:, None]))
+        yield tok
+
+
+def _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text):
+    for tok in _tokens(decode, logits, ids, outs, lengths, max_new_tokens, sampling, rng, eos):
         for j, (o, t) in enumerate(zip(outs, tok)):
             if o.done:
                 continue
@@ -86,7 +101,5 @@ def _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling,
             if on_text and upto > o.emitted:
                 on_text(j, o.text[o.emitted:upto])
             o.emitted = max(o.emitted, upto)
-        if all(o.done for o in outs) or step == max_new_tokens - 1:
+        if all(o.done for o in outs):
             break
-        nxt = np.where([o.done for o in outs], eos, tok)[:, None]
-        logits = decode(nxt, (lengths + step)[:, None])

@@ -10,7 +10,7 @@ the graph writes.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -21,8 +21,11 @@ class DecodeGraph:
     """decode(ids (B, 1), positions (B, 1)) -> logits (B, V) on the device, one token per call.
 
     step(ids, positions) is the model's device work for one token per sequence, reading
-    the cache span that cache.begin announces. Create and call it under a non-default
-    cupy stream (graphs cannot capture the legacy default stream): see device_stream.
+    the cache span that cache.begin announces. The captured graph also takes the argmax
+    of the logits and advances ids, positions and span to it on the device, so greedy
+    decoding chains replays with no host work in between (see greedy). Create and call it
+    under a non-default cupy stream (graphs cannot capture the legacy default stream):
+    see device_stream.
     """
 
     def __init__(self, step: Callable, cache: KVCache):
@@ -36,20 +39,63 @@ class DecodeGraph:
         stream = cupy.cuda.get_current_stream()
         cache.begin(1)      # the warm-up writes the next position; the first real step overwrites it
         with cupy.cuda.using_allocator(self.pool.malloc):
-            step(self.ids, self.positions)                  # compiles kernels, fills the pool
+            self._step(step)                                # compiles kernels, fills the pool
+            cache.begin(1)
             stream.begin_capture()
-            self.logits = step(self.ids, self.positions)
+            self.logits, self.tokens = self._step(step)
             self.graph = stream.end_capture()
 
-    def __call__(self, ids: np.ndarray, positions: np.ndarray):
+    def _step(self, step: Callable):
+        logits = step(self.ids, self.positions)
+        tokens = logits.argmax(-1)
+        self.ids[:, 0] = tokens
+        self.positions += 1
+        self.cache.span += 1
+        return logits, tokens
+
+    def launch(self) -> None:
+        """Replay one step from the ids, positions and span already on the device."""
         import cupy
+
+        self.graph.launch(cupy.cuda.get_current_stream())
+        self.cache.length += 1
+
+    def __call__(self, ids: np.ndarray, positions: np.ndarray):
+        self.cache.begin(1)
+        self.ids.set(np.asarray(ids, np.int64).reshape(-1, 1))
+        self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
+        self.launch()
+        return self.logits
+
+    def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        """The (B,) argmax tokens of `steps` steps starting from ids at positions.
+
+        Each replay feeds its own argmax to the next; the host reads every token through
+        pinned memory one step behind the GPU, so the GPU never waits for the host.
+        Stopping early leaves at most one extra step in the cache.
+        """
+        import cupy
+        import cupyx
 
         self.cache.begin(1)
         self.ids.set(np.asarray(ids, np.int64).reshape(-1, 1))
         self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
-        self.graph.launch(cupy.cuda.get_current_stream())
-        self.cache.length += 1
-        return self.logits
+        stream = cupy.cuda.get_current_stream()
+        host = [cupyx.empty_pinned(self.tokens.shape, np.int64) for _ in range(2)]
+        ready = [None, None]
+
+        def issue(s: int) -> None:
+            self.launch()
+            self.tokens.get(stream=stream, out=host[s % 2], blocking=False)
+            ready[s % 2] = stream.record()
+
+        if steps > 0:
+            issue(0)
+        for s in range(steps):
+            if s + 1 < steps:
+                issue(s + 1)
+            ready[s % 2].synchronize()
+            yield host[s % 2].copy()
 
 
 def device_stream(xp):
@@ -64,13 +110,25 @@ def device_stream(xp):
     return stream
 
 
-def decoder(xp, step: Callable, cache: KVCache) -> Callable:
+class PlainDecoder:
+    """DecodeGraph's calls for numpy arrays: each step simply runs (CPU)."""
+
+    def __init__(self, step: Callable, cache: KVCache):
+        self.step, self.cache = step, cache
+
+    def __call__(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        self.cache.begin(1)
+        logits = self.step(np.asarray(ids).reshape(-1, 1), np.asarray(positions).reshape(-1, 1))
+        self.cache.length += 1
+        return logits
+
+    def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        positions = np.asarray(positions).reshape(-1, 1)
+        for s in range(steps):
+            ids = self(ids, positions + s).argmax(-1)
+            yield ids
+
+
+def decoder(xp, step: Callable, cache: KVCache) -> DecodeGraph | PlainDecoder:
     """The per-token step: a replayed CUDA graph on the GPU, a plain call on the CPU."""
-    if xp is np:
-        def plain(ids, positions):
-            cache.begin(1)
-            logits = step(np.asarray(ids).reshape(-1, 1), np.asarray(positions).reshape(-1, 1))
-            cache.length += 1
-            return logits
-        return plain
-    return DecodeGraph(step, cache)
+    return PlainDecoder(step, cache) if xp is np else DecodeGraph(step, cache)

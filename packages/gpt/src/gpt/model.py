@@ -17,12 +17,12 @@ from .kvcache import KVCache
 
 @dataclass
 class Block:
-    ln_1: tuple
+    ln_1: tk.LayerNorm
     attn_w: object     # (3C, C), nn.Linear layout
     attn_b: object
     proj_w: object
     proj_b: object
-    ln_2: tuple
+    ln_2: tk.LayerNorm
     fc_w: object
     fc_b: object
     out_w: object
@@ -30,7 +30,7 @@ class Block:
 
 
 class GPT:
-    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tuple, lm_head):
+    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tk.LayerNorm, lm_head):
         self.config, self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head = (
             config, wte, wpe, blocks, ln_f, lm_head)
         self.xp = tk.array_module(wte)
@@ -48,7 +48,8 @@ class GPT:
                     take(t, key + ".bias", (n_out,)))
 
         def ln(key):
-            return take(t, key + ".weight", (c,)), take(t, key + ".bias", (c,))
+            return tk.LayerNorm(take(t, key + ".weight", (c,)), take(t, key + ".bias", (c,)),
+                                config.layer_norm_epsilon)
 
         blocks = []
         for i in range(config.n_layer):
@@ -70,18 +71,21 @@ class GPT:
         c = self.config
         return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim, kv_start)
 
-    def attention(self, i: int, blk: Block, h, cache: KVCache):
-        """Causal self-attention of the new tokens h (B, T, C) over the cache and themselves."""
-        b, t, c = h.shape
+    def attention(self, i: int, blk: Block, x, cache: KVCache):
+        """x + causal self-attention of ln_1(x) for the new tokens x (B, T, C) over the
+        cache and themselves."""
+        b, t, c = x.shape
         xp, nh = self.xp, self.config.n_head
-        qkv = tk.linear(h, blk.attn_w, blk.attn_b).reshape(b, t, 3, nh, c // nh)
+        qkv = tk.linear(x, blk.attn_w, blk.attn_b, norm=blk.ln_1).reshape(b, t, 3, nh, c // nh)
         q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
         y = cache.attend(i, q, k, v, self.config.attn_scale(i))
         y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
-        return tk.linear(y, blk.proj_w, blk.proj_b)
+        return tk.linear(y, blk.proj_w, blk.proj_b, residual=x)
 
-    def mlp(self, blk: Block, h):
-        return tk.linear(tk.linear(h, blk.fc_w, blk.fc_b, activation=self.config.activation), blk.out_w, blk.out_b)
+    def mlp(self, blk: Block, x):
+        """x + MLP(ln_2(x))."""
+        h = tk.linear(x, blk.fc_w, blk.fc_b, activation=self.config.activation, norm=blk.ln_2)
+        return tk.linear(h, blk.out_w, blk.out_b, residual=x)
 
     def forward(self, ids, positions, cache: KVCache, last_only: bool = True):
         """Logits for the new tokens ids (B, T) at positions (B, T), appending them to the cache.
@@ -95,16 +99,13 @@ class GPT:
 
     def step(self, ids, positions, cache: KVCache, last_only: bool = True):
         """The device work of forward, for the span announced by cache.begin (graph-capturable)."""
-        eps = self.config.layer_norm_epsilon
         x = self.wte[ids] + self.wpe[positions]
-        h = tk.layernorm(x, *self.blocks[0].ln_1, eps)
         for i, blk in enumerate(self.blocks):
-            x, h = tk.add_layernorm(x, self.attention(i, blk, h, cache), *blk.ln_2, eps)
-            nxt = self.blocks[i + 1].ln_1 if i + 1 < len(self.blocks) else self.ln_f
-            x, h = tk.add_layernorm(x, self.mlp(blk, h), *nxt, eps)
+            x = self.attention(i, blk, x, cache)
+            x = self.mlp(blk, x)
         if last_only:
-            h = self.xp.ascontiguousarray(h[:, -1])
-        return tk.linear(h, self.lm_head)
+            x = self.xp.ascontiguousarray(x[:, -1])
+        return tk.linear(x, self.lm_head, norm=self.ln_f)
 
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "CheckpointError"]

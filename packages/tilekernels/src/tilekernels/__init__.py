@@ -8,12 +8,13 @@ from .activations import gelu, silu, swiglu
 from .attention import attention
 from .conv1d import conv1d
 from .linear import linear
-from .norm import add_layernorm, add_rmsnorm, layernorm, rmsnorm
+from .norm import LayerNorm, RMSNorm, layernorm, rmsnorm
+from .precision import get_matmul_precision, set_matmul_precision
 from .rope import rope, rope_cos_sin
 from .softmax import softmax
 
 __version__ = "0.1.0"
 __all__ = [
-    "add_layernorm", "add_rmsnorm", "array_module", "attention", "conv1d", "gelu", "is_device",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "array_module", "attention", "conv1d", "gelu", "is_device",
     "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "swiglu",
 ]

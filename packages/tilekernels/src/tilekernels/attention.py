@@ -18,6 +18,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, launch, next_pow2, sm_count
+from .precision import precise, tf32_mma
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -52,7 +53,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
 
 
-def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N):
+def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE):
     """Fold key tile j (scores s, log2 units, masked entries -inf) into the running row max
     m, sum l and output acc; a row with no visible key so far stays at (-inf, 0, 0)."""
     m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
@@ -60,13 +61,13 @@ def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N):
     p = ct.exp2(s - m_safe)
     alpha = ct.exp2(m - m_safe)
     v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-    acc = ct.mma(ct.astype(p, ct.tfloat32), ct.astype(ct.reshape(v, (TILE_N, D)), ct.tfloat32), acc * alpha)
+    acc = tf32_mma(p, ct.reshape(v, (TILE_N, D)), acc * alpha, PRECISE)
     return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
 
 
 @ct.kernel
 def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
-                 D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool):
+                 D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool, PRECISE: ConstBool):
     """One TILE_M block of queries of one (batch, head) against all visible keys."""
     mt = ct.bid(0)
     b = ct.bid(1) // Q.shape[1]
@@ -75,7 +76,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     tk = K.shape[2]
     offset = tk - Q.shape[2]
     q = ct.load(Q, index=(b, h, mt, 0), shape=(1, 1, TILE_M, D), padding_mode=ct.PaddingMode.ZERO)
-    q = ct.astype(ct.reshape(q, (TILE_M, D)), ct.tfloat32)
+    q = ct.reshape(q, (TILE_M, D))
     kstart = ct.load(KS, index=(b,), shape=())
     rows = offset + mt * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
@@ -91,21 +92,21 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     for j in range(ct.cdiv(end, TILE_N)):
         k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
                     padding_mode=ct.PaddingMode.ZERO)
-        s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
-                   ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
+        s = tf32_mma(q, ct.reshape(k, (D, TILE_N)), ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32),
+                     PRECISE) * scale_log2
         if j >= unmasked or j * TILE_N < kstart:
             key = j * TILE_N + cols
             visible = (key < tk) & ((key >= kstart) | (rows < kstart))
             if CAUSAL:
                 visible = visible & (key <= rows)
             s = ct.where(visible, s, NEG_INF)
-        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N)
+        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE)
     ct.store(O, index=(b, h, mt, 0), tile=ct.reshape(acc / l, (1, 1, TILE_M, D)))
 
 
 @ct.kernel
 def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_per_split: int,
-                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt):
+                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt, PRECISE: ConstBool):
     """Partial attention of the G query heads of one KV head over one chunk of keys.
 
     Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
@@ -118,7 +119,7 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
     kvh = ct.bid(1) % K.shape[1]
     tk = ct.load(KL, index=(0,), shape=())
     q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
-    q = ct.astype(ct.reshape(q, (G_PAD, D)), ct.tfloat32)
+    q = ct.reshape(q, (G_PAD, D))
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
     kstart = ct.load(KS, index=(b,), shape=())
     j0 = split * tiles_per_split
@@ -129,11 +130,11 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
     for j in range(j0, j1):
         k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
                     padding_mode=ct.PaddingMode.ZERO)
-        s = ct.mma(q, ct.astype(ct.reshape(k, (D, TILE_N)), ct.tfloat32),
-                   ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32)) * scale_log2
+        s = tf32_mma(q, ct.reshape(k, (D, TILE_N)), ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32),
+                     PRECISE) * scale_log2
         key = j * TILE_N + cols
         s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
-        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N)
+        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE)
     ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
     ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
     ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
@@ -188,12 +189,12 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
         pl = cupy.empty_like(pm)
         qg = q.reshape(bsz, hkv, group, d)
         launch((splits, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, po, pm, pl, kv_start, kv_len, scale_log2, per, d, g_pad, DECODE_TILE_N))
+               (qg, k, v, po, pm, pl, kv_start, kv_len, scale_log2, per, d, g_pad, DECODE_TILE_N, precise()))
         launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
         return out
     tm, tn = FLASH_TILES.get(d, (64, 64))
     launch((-(-tq // tm), bsz * hq, 1), flash_kernel,
-           (q, k, v, out, kv_start, scale_log2, group, d, tm, tn, bool(causal)))
+           (q, k, v, out, kv_start, scale_log2, group, d, tm, tn, bool(causal), precise()))
     return out
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from ._arrays import backend, check, launch
 from .activations import activation_code, apply_activation_reference, tile_activation
+from .precision import precise, tf32_mma
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -36,7 +37,7 @@ def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
 
 @ct.kernel
 def conv1d_kernel(X, WT, Bias, Y, stride: int, padding: int, KW: ConstInt,
-                  HAS_BIAS: ConstBool, ACT: ConstInt):
+                  HAS_BIAS: ConstBool, ACT: ConstInt, PRECISE: ConstBool):
     """WT is the weight viewed as (KW, C_out, C_in); one (TILE_CO, TILE_T) output tile."""
     b = ct.bid(2)
     co = ct.bid(0)
@@ -50,8 +51,7 @@ def conv1d_kernel(X, WT, Bias, Y, stride: int, padding: int, KW: ConstInt,
         for tap in range(KW):
             w = ct.load(WT, index=(tap, co, c), shape=(1, TILE_CO, TILE_CI), padding_mode=ct.PaddingMode.ZERO)
             xs = ct.gather(X, (b, ci, t_pos + tap))
-            acc = ct.mma(ct.astype(ct.reshape(w, (TILE_CO, TILE_CI)), ct.tfloat32),
-                         ct.astype(xs, ct.tfloat32), acc)
+            acc = tf32_mma(ct.reshape(w, (TILE_CO, TILE_CI)), xs, acc, PRECISE)
     if HAS_BIAS:
         acc = acc + ct.load(Bias, index=(co,), shape=(TILE_CO,), padding_mode=ct.PaddingMode.ZERO)[:, None]
     ct.store(Y, index=(b, co, tt), tile=ct.reshape(tile_activation(acc, ACT), (1, TILE_CO, TILE_T)))
@@ -81,5 +81,5 @@ def conv1d(x, weight, bias=None, stride: int = 1, padding: int = 0, activation: 
     wt = weight.transpose(2, 0, 1)          # strided view, no copy
     grid = (-(-c_out // TILE_CO), -(-t_out // TILE_T), bsz)
     launch(grid, conv1d_kernel, (x, wt, weight if bias is None else bias, y, stride, padding,
-                                 weight.shape[2], bias is not None, code))
+                                 weight.shape[2], bias is not None, code, precise()))
     return y

@@ -1,9 +1,12 @@
-"""LayerNorm and RMSNorm over the last axis, optionally fused with the residual add.
+"""LayerNorm and RMSNorm over the last axis.
 
-Both models normalise after adding a residual every layer, so the fused form reads
-x and r once and writes both s = x + r and norm(s).
+The models hold their norms as LayerNorm / RMSNorm objects and hand them to linear(norm=...),
+which fuses the norm into its decode kernels; these kernels serve the larger row counts.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import cuda.tile as ct
 import numpy as np
@@ -30,14 +33,10 @@ def rmsnorm_reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarr
 
 # ---------------------------------------------------------------- cuTile kernel
 @ct.kernel
-def norm_kernel(X, R, S, W, B, Y, eps: float, inv_n: float,
-                ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool, RESIDUAL: ConstBool):
+def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool):
     """ROWS rows per block, each row held whole in one TILE_N tile (zero padded)."""
     i = ct.bid(0)
     x = ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO)
-    if RESIDUAL:
-        x = x + ct.load(R, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO)
-        ct.store(S, index=(i, 0), tile=x)
     w = ct.load(W, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)
     if RMS:
         rstd = ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
@@ -58,32 +57,26 @@ def norm_config(n: int) -> tuple[int, int]:
     return max(1, 4096 // tile_n), tile_n
 
 
-def _norm_cupy(x, residual, weight, bias, eps, rms):
+def _norm_cupy(x, weight, bias, eps, rms):
     import cupy
 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
     y = cupy.empty_like(x2)
-    s = cupy.empty_like(x2) if residual is not None else y
-    r2 = residual.reshape(-1, n) if residual is not None else x2
     rows, tile_n = norm_config(n)
     grid = ((x2.shape[0] + rows - 1) // rows, 1, 1)
-    b = weight if bias is None else bias
-    launch(grid, norm_kernel, (x2, r2, s, weight, b, y, float(eps), 1.0 / n,
-                               rows, tile_n, rms, residual is not None))
-    y = y.reshape(x.shape)
-    return (s.reshape(x.shape), y) if residual is not None else y
+    launch(grid, norm_kernel, (x2, weight, weight if bias is None else bias, y, float(eps), 1.0 / n,
+                               rows, tile_n, rms))
+    return y.reshape(x.shape)
 
 
 # ---------------------------------------------------------------- public ops
-def _validate(x, residual, weight, bias):
-    kind = backend(x=x, residual=residual, weight=weight, bias=bias)
+def _validate(x, weight, bias):
+    kind = backend(x=x, weight=weight, bias=bias)
     check("x", x, ndim=tuple(range(1, 8)))
     n = x.shape[-1]
     if n > MAX_DIM:
         raise ValueError(f"x: last dimension at most {MAX_DIM} supported, got {n}")
-    if residual is not None:
-        check("residual", residual, shape=tuple(x.shape))
     check("weight", weight, shape=(n,))
     if bias is not None:
         check("bias", bias, shape=(n,))
@@ -92,29 +85,34 @@ def _validate(x, residual, weight, bias):
 
 def layernorm(x, weight, bias, eps: float = 1e-5):
     """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias."""
-    if _validate(x, None, weight, bias) == "numpy":
+    if _validate(x, weight, bias) == "numpy":
         return layernorm_reference(x, weight, bias, eps)
-    return _norm_cupy(x, None, weight, bias, eps, rms=False)
-
-
-def add_layernorm(x, residual, weight, bias, eps: float = 1e-5):
-    """s = x + residual; returns (s, layernorm(s))."""
-    if _validate(x, residual, weight, bias) == "numpy":
-        s = x + residual
-        return s, layernorm_reference(s, weight, bias, eps)
-    return _norm_cupy(x, residual, weight, bias, eps, rms=False)
+    return _norm_cupy(x, weight, bias, eps, rms=False)
 
 
 def rmsnorm(x, weight, eps: float = 1e-6):
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
-    if _validate(x, None, weight, None) == "numpy":
+    if _validate(x, weight, None) == "numpy":
         return rmsnorm_reference(x, weight, eps)
-    return _norm_cupy(x, None, weight, None, eps, rms=True)
+    return _norm_cupy(x, weight, None, eps, rms=True)
 
 
-def add_rmsnorm(x, residual, weight, eps: float = 1e-6):
-    """s = x + residual; returns (s, rmsnorm(s))."""
-    if _validate(x, residual, weight, None) == "numpy":
-        s = x + residual
-        return s, rmsnorm_reference(s, weight, eps)
-    return _norm_cupy(x, residual, weight, None, eps, rms=True)
+@dataclass(frozen=True)
+class LayerNorm:
+    """A LayerNorm's parameters; calling it normalises x. linear(norm=...) fuses it."""
+    weight: Any
+    bias: Any
+    eps: float = 1e-5
+
+    def __call__(self, x):
+        return layernorm(x, self.weight, self.bias, self.eps)
+
+
+@dataclass(frozen=True)
+class RMSNorm:
+    """An RMSNorm's parameters; calling it normalises x. linear(norm=...) fuses it."""
+    weight: Any
+    eps: float = 1e-6
+
+    def __call__(self, x):
+        return rmsnorm(x, self.weight, self.eps)
