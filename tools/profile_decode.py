@@ -1,54 +1,63 @@
-"""Host (CPU) versus device (GPU) time of a GPT-2 decode step and of its ops (GPU host).
+"""Where a GPT-2 decode step spends its GPU time (GPU host).
 
-    python tools/profile_decode.py
+    python tools/profile_decode.py [--batch 1] [--context 64]
 
-Uses cupyx.profiler.benchmark, which reports the host time of each call and the GPU
-time between events around it: when host time exceeds GPU time the step is launch-bound.
+gpt2 (124M) with random weights: times one replay of the captured decode graph and the
+greedy chain per token, then lists each kernel's device time over 5 eager steps
+(torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike).
 """
+from __future__ import annotations
+
+import argparse
 import tempfile
+import time
 from pathlib import Path
 
 import cupy
 import numpy as np
-from cupyx.profiler import benchmark
+from torch.profiler import ProfilerActivity, profile
 
-import tilekernels as tk
+from gpt.graph import DecodeGraph
 from gpt.model import GPT
 
 
-def show(name, fn, n=50):
-    r = benchmark(fn, n_repeat=n, n_warmup=5)
-    print(f"{name:34s} cpu {np.median(r.cpu_times) * 1e6:8.1f} us   gpu {np.median(r.gpu_times[0]) * 1e6:8.1f} us")
-
-
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=64)
+    args = ap.parse_args()
     from transformers import GPT2Config, GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory() as tmp:
         GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
         model = GPT.load(Path(tmp), "gpu")
-    for b in (1, 8):
-        cache = model.new_cache(b, 600)
-        model.forward(cupy.ones((b, 512), cupy.int64), cupy.arange(512)[None].repeat(b, 0), cache)
-        tok, pos = cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), 512)
-
-        def step():
-            cache.length = 512
-            model.forward(tok, pos, cache)
-
-        cache.length = 512
-        show(f"decode step B={b} (T=512)", step, 20)
-        blk = model.blocks[0]
-        h = cupy.random.standard_normal((b, 1, 768), dtype=cupy.float32)
-        show("  linear qkv 768->2304", lambda: tk.linear(h, blk.attn_w, blk.attn_b))
-        show("  linear fc 768->3072 gelu", lambda: tk.linear(h, blk.fc_w, blk.fc_b, activation="gelu_tanh"))
-        show("  layernorm", lambda: blk.ln_2(h))
-        cache.length = 512
-        show("  attention block (qkv..proj)", lambda: (cache.begin(1), model.attention(0, blk, h, cache)))
-        q = cupy.random.standard_normal((b, 12, 1, 64), dtype=cupy.float32)
-        show("  tk.attention decode", lambda: tk.attention(q, cache.k[0, :, :, :513], cache.v[0, :, :, :513], True))
-        show("  cupy ascontiguousarray", lambda: cupy.ascontiguousarray(q.transpose(0, 2, 1, 3)))
-        show("  lm_head", lambda: tk.linear(h[:, 0], model.lm_head))
+    b, t = args.batch, args.context
+    ids, pos = np.ones((b, 1)), np.full((b, 1), t)
+    with cupy.cuda.Stream(non_blocking=True) as stream:
+        cache = model.new_cache(b, t + 300)
+        model.forward(cupy.ones((b, t), cupy.int64), cupy.arange(t)[None].repeat(b, 0), cache)
+        graph = DecodeGraph(lambda i, p: model.step(i, p, cache), cache)
+        for _ in range(5):
+            cache.length = t
+            graph(ids, pos)
+        stream.synchronize()
+        start = time.perf_counter()
+        for _ in range(100):
+            cache.length = t
+            graph(ids, pos)
+        stream.synchronize()
+        print(f"graph replay: {(time.perf_counter() - start) * 1e4:.1f} us per step")
+        cache.length = t
+        start = time.perf_counter()
+        n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
+        stream.synchronize()
+        print(f"greedy chain: {(time.perf_counter() - start) / n * 1e6:.1f} us per token")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                cache.length = t
+                model.forward(cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), t), cache)
+            stream.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
 
 
 if __name__ == "__main__":

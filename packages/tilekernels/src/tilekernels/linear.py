@@ -17,7 +17,6 @@ Measured on an H200 (benchmarks/results/kernels-h200.md) to pick these shapes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import cuda.tile as ct
 import numpy as np
