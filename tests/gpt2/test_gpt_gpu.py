@@ -27,18 +27,22 @@ def test_gpu_logits_and_greedy_tokens_match_cpu(tmp_path, poisoned):
     assert [o.tokens for o in a] == [o.tokens for o in b]
 
 
-def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
+def twin_caches(tmp_path, length: int, kv_start=None):
+    """A 2-layer model, two caches prefilled with the same two 4-token prompts (one for plain
+    forward calls, one behind a DecodeGraph), the prefill logits and the graph."""
     from gpt.graph import DecodeGraph
 
-    d = make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64)
-    model = GPT.load(d, "gpu")
-    prompt = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]])
-    pos = cupy.arange(4)[None].repeat(2, 0)
+    model = GPT.load(make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64), "gpu")
+    prompt, pos = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]]), cupy.arange(4)[None].repeat(2, 0)
+    plain, graphed = model.new_cache(2, length, kv_start=kv_start), model.new_cache(2, length, kv_start=kv_start)
+    logits = model.forward(prompt, pos, plain)
+    model.forward(prompt, pos, graphed)
+    return model, plain, graphed, logits, DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
+
+
+def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
     with cupy.cuda.Stream(non_blocking=True):
-        plain, graphed = model.new_cache(2, 16, kv_start=[0, 2]), model.new_cache(2, 16, kv_start=[0, 2])
-        model.forward(prompt, pos, plain)
-        model.forward(prompt, pos, graphed)
-        decode = DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
+        model, plain, _, _, decode = twin_caches(tmp_path, 16, kv_start=[0, 2])
         for s, tok in enumerate([[3, 4], [100, 7], [42, 42]]):
             p = np.array([[4 + s], [2 + s]])
             ref = model.forward(cupy.asarray(tok)[:, None], cupy.asarray(p), plain).get()
@@ -47,21 +51,13 @@ def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
 
 
 def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
-    from gpt.graph import DecodeGraph
-
-    d = make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64)
-    model = GPT.load(d, "gpu")
-    prompt = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]])
-    pos = cupy.arange(4)[None].repeat(2, 0)
     with cupy.cuda.Stream(non_blocking=True):
-        plain, graphed = model.new_cache(2, 32), model.new_cache(2, 32)
-        first = model.forward(prompt, pos, plain).get().argmax(-1)
-        model.forward(prompt, pos, graphed)
+        model, plain, graphed, logits, decode = twin_caches(tmp_path, 32)
+        first = logits.get().argmax(-1)
         ref, tok = [], first
         for s in range(10):
             tok = model.forward(cupy.asarray(tok)[:, None], cupy.full((2, 1), 4 + s), plain).get().argmax(-1)
             ref.append(tok)
-        decode = DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
         got = list(decode.greedy(first, np.array([4, 4]), 10))
     np.testing.assert_array_equal(np.array(got), np.array(ref))
     assert graphed.length == plain.length
