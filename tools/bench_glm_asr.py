@@ -24,6 +24,7 @@ import torch
 from benchlib import gpu_name, markdown_table, versions, write_result
 from glm_asr.features import windows
 from glm_asr.model import GlmAsr
+from glm_asr.transcribe import window_tokens
 from parity_glm_asr import prompt_ids, synthetic_speechlike
 
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -59,15 +60,9 @@ def ours_run(m: GlmAsr, audio):
 
 
 def ours_transcribe(m: GlmAsr, audio) -> int:
-    """Samples to tokens as glm_asr.transcribe runs a file; returns the tokens generated."""
-    wins = windows(audio)
-    n = 0
-    for g in range(0, len(wins), 8):
-        group = wins[g: g + 8]
-        emb = m.encode(cupy.asarray(np.stack([w.features for w in group])))
-        for j, w in enumerate(group):
-            n += len(m.greedy(prompt_ids(m.config, w.tokens), emb[j, : w.tokens], NEW, eos=()))
-    return n
+    """Samples to tokens with glm_asr.transcribe's window loop; returns the tokens generated."""
+    runs = window_tokens(m, windows(audio), lambda n: prompt_ids(m.config, n), NEW, eos=())
+    return sum(len(tokens) for _, tokens in runs)
 
 
 def hf_run(hf, fe, audio):

@@ -89,15 +89,15 @@ def main():
         hf_tf32_rel = float(np.linalg.norm(hf_tf32.double().cpu().numpy() - ref_logits) / np.linalg.norm(ref_logits))
         hf_tokens = hf.generate(input_ids=input_ids, input_features=feats, input_features_mask=mask,
                                 max_new_tokens=args.tokens, do_sample=False)[0, len(ids):].tolist()
-    def prefill_rel_err(precision: str) -> float:
+    def prefill(precision: str):
+        """(prefill logits rel err, audio embeddings) at a matmul precision."""
         tk.set_matmul_precision(precision)
         emb = ours.encode(cupy.asarray(ours_feat[None]))[0, :n_audio]
         got = cupy.asnumpy(ours.forward(ours.embed(np.array(ids), emb), ours.new_cache(len(ids))))[0]
-        return float(np.linalg.norm(got.astype(np.float64) - ref_logits) / np.linalg.norm(ref_logits))
+        return float(np.linalg.norm(got.astype(np.float64) - ref_logits) / np.linalg.norm(ref_logits)), emb
 
-    rel_tf32 = prefill_rel_err("high")
-    rel = prefill_rel_err("highest")
-    emb = ours.encode(cupy.asarray(ours_feat[None]))[0, :n_audio]
+    rel_tf32, _ = prefill("high")
+    rel, emb = prefill("highest")          # the greedy tokens below run at 'highest' too
     eos = set(ours.config.eos_token_ids)
     hf_tokens = hf_tokens[: next((i for i, t in enumerate(hf_tokens) if t in eos), len(hf_tokens))]
     our_tokens = ours.greedy(ids, emb, args.tokens)

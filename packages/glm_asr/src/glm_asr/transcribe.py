@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import hydra
 import numpy as np
@@ -48,19 +49,25 @@ class Transcriber:
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def transcribe(self, samples: np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
-        xp, segments = self.model.xp, []
+        segments = []
         wins = windows(samples, self.model.config.encoder.num_mel_bins)
-        for g in range(0, len(wins), ENCODER_BATCH):
-            group = wins[g: g + ENCODER_BATCH]
-            emb = self.model.encode(xp.asarray(np.stack([w.features for w in group])))
-            for j, w in enumerate(group):
-                embeds = emb[j, : w.tokens]
-                tokens = self.model.greedy(self.prompt_ids(w.tokens, instruction), embeds, max_new_tokens)
-                text = self.tok.decode(tokens, skip_special_tokens=True)
-                segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
-                if progress:
-                    progress.update(w.end_s - w.start_s)
+        for w, tokens in window_tokens(self.model, wins, lambda n: self.prompt_ids(n, instruction), max_new_tokens):
+            text = self.tok.decode(tokens, skip_special_tokens=True)
+            segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
+            if progress:
+                progress.update(w.end_s - w.start_s)
         return segments
+
+
+def window_tokens(model: GlmAsr, wins: list, prompt_ids: Callable[[int], list[int]], max_new_tokens: int,
+                  eos=None) -> Iterator[tuple]:
+    """(window, generated token ids) for each window in order: windows encoded ENCODER_BATCH at
+    a time, each one request of prompt_ids(audio tokens) decoded greedily."""
+    for g in range(0, len(wins), ENCODER_BATCH):
+        group = wins[g: g + ENCODER_BATCH]
+        emb = model.encode(model.xp.asarray(np.stack([w.features for w in group])))
+        for j, w in enumerate(group):
+            yield w, model.greedy(prompt_ids(w.tokens), emb[j, : w.tokens], max_new_tokens, eos)
 
 
 def run(cfg: DictConfig, files: list[str]) -> int:

@@ -60,10 +60,14 @@ class DecodeGraph:
         self.graph.launch(cupy.cuda.get_current_stream())
         self.cache.length += 1
 
-    def __call__(self, ids: np.ndarray, positions: np.ndarray):
+    def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
+        """Host values of the next step's token ids, positions and cache span."""
         self.cache.begin(1)
         self.ids.set(np.asarray(ids, np.int64).reshape(-1, 1))
         self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
+
+    def __call__(self, ids: np.ndarray, positions: np.ndarray):
+        self._seed(ids, positions)
         self.launch()
         return self.logits
 
@@ -77,9 +81,7 @@ class DecodeGraph:
         import cupy
         import cupyx
 
-        self.cache.begin(1)
-        self.ids.set(np.asarray(ids, np.int64).reshape(-1, 1))
-        self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
+        self._seed(ids, positions)
         stream = cupy.cuda.get_current_stream()
         host = [cupyx.empty_pinned(self.tokens.shape, np.int64) for _ in range(2)]
         ready = [None, None]
