@@ -44,8 +44,8 @@ def clock(fn):
 
 def ours_run(m: GlmAsr, audio):
     st = {}
-    wins, st["features"] = clock(lambda: windows(audio))
-    feats = cupy.asarray(np.stack([w.features for w in wins]))
+    wins, st["features"] = clock(lambda: windows(audio, xp=cupy))
+    feats = cupy.stack([w.features for w in wins])
     states, st["encoder"] = clock(lambda: m.audio_tower(feats))
     emb, st["projector"] = clock(lambda: m.project(states))
     st["prefill"] = st["decode"] = 0.0
@@ -61,7 +61,7 @@ def ours_run(m: GlmAsr, audio):
 
 def ours_transcribe(m: GlmAsr, audio) -> int:
     """Samples to tokens with glm_asr.transcribe's window loop; returns the tokens generated."""
-    runs = window_tokens(m, windows(audio), lambda n: prompt_ids(m.config, n), NEW, eos=())
+    runs = window_tokens(m, windows(audio, xp=cupy), lambda n: prompt_ids(m.config, n), NEW, eos=())
     return sum(len(tokens) for _, tokens in runs)
 
 

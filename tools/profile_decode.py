@@ -1,10 +1,12 @@
-"""Where a GPT-2 decode step spends its GPU time (GPU host).
+"""Where a decode step spends its GPU time (GPU host).
 
-    python tools/profile_decode.py [--batch 1] [--context 64]
+    python tools/profile_decode.py [--model gpt2|glm-asr] [--batch 1] [--context 64] [--out DIR]
 
-gpt2 (124M) with random weights: times one replay of the captured decode graph and the
-greedy chain per token, then lists each kernel's device time over 5 eager steps
-(torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike).
+gpt2 (124M) or the GLM-ASR-Nano text decoder, random weights: times one replay of the captured
+decode graph and the greedy chain per token, with programmatic dependent launch on and off (a
+graph captured for each), then lists each kernel's device time over 5 eager steps
+(torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike), taken with
+dependent launch off so that no kernel's time includes waiting for the one before it.
 """
 from __future__ import annotations
 
@@ -17,47 +19,101 @@ import cupy
 import numpy as np
 from torch.profiler import ProfilerActivity, profile
 
+import tilekernels as tk
+import tilekernels._arrays as tk_arrays
+from benchlib import gpu_name, versions, write_result
 from gpt.graph import DecodeGraph
 from gpt.model import GPT
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=64)
-    args = ap.parse_args()
+def gpt2(batch: int, context: int):
+    """(step(ids, positions), cache) of gpt2 with `context` tokens already in the cache."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory() as tmp:
         GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
         model = GPT.load(Path(tmp), "gpu")
+    cache = model.new_cache(batch, context + 300)
+    model.forward(cupy.ones((batch, context), cupy.int64), cupy.arange(context)[None].repeat(batch, 0), cache)
+    return (lambda i, p: model.step(i, p, cache)), cache
+
+
+def glm_asr(batch: int, context: int):
+    """The same for GLM-ASR-Nano's decoder (weights drawn on the GPU; no encoder needed)."""
+    from transformers import GlmAsrConfig
+
+    from glm_asr.config import GlmAsrConfig as Config
+    from glm_asr.model import DecoderLayer, GlmAsr
+
+    if batch != 1:
+        raise SystemExit("glm-asr decodes one request at a time: --batch 1")
+    cfg = Config.from_hf(GlmAsrConfig().to_dict())
+    d = cfg.decoder
+    n, hd = d.hidden_size, d.head_dim
+
+    def rand(*shape):
+        return cupy.random.standard_normal(shape, dtype=cupy.float32) * 0.02
+    plain = tk.RMSNorm(None, d.rms_norm_eps)
+    w = {"decoder": [DecoderLayer(plain, rand((d.num_heads + 2 * d.num_kv_heads) * hd, n), rand(n, d.num_heads * hd),
+                                  plain, rand(2 * d.intermediate_size, n), rand(n, d.intermediate_size))
+                     for _ in range(d.num_layers)],
+         "embed": rand(d.vocab_size, n), "norm": plain}
+    w["lm_head"] = rand(d.vocab_size, n)
+    model = GlmAsr(cfg, w)
+    cache = model.new_cache(context + 300)
+    model.forward(rand(1, context, n), cache)
+    return (lambda i, p: model.step(model.w["embed"][i], p, cache)), cache
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("gpt2", "glm-asr"), default="gpt2")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--out")
+    args = ap.parse_args()
     b, t = args.batch, args.context
     ids, pos = np.ones((b, 1)), np.full((b, 1), t)
+    result = {"gpu": gpu_name(), "versions": versions(), "model": f"{args.model}, random weights", "batch": b,
+              "context": t}
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        cache = model.new_cache(b, t + 300)
-        model.forward(cupy.ones((b, t), cupy.int64), cupy.arange(t)[None].repeat(b, 0), cache)
-        graph = DecodeGraph(lambda i, p: model.step(i, p, cache), cache)
-        for _ in range(5):
-            cache.length = t
-            graph(ids, pos)
-        stream.synchronize()
-        start = time.perf_counter()
-        for _ in range(100):
-            cache.length = t
-            graph(ids, pos)
-        stream.synchronize()
-        print(f"graph replay: {(time.perf_counter() - start) * 1e4:.1f} us per step")
-        cache.length = t
-        start = time.perf_counter()
-        n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
-        stream.synchronize()
-        print(f"greedy chain: {(time.perf_counter() - start) / n * 1e6:.1f} us per token")
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step, cache = (gpt2 if args.model == "gpt2" else glm_asr)(b, t)
+        for dependent in (True, False):
+            tk_arrays.DEPENDENT_LAUNCH = dependent
+            graph = DecodeGraph(step, cache)
             for _ in range(5):
                 cache.length = t
-                model.forward(cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), t), cache)
+                graph(ids, pos)
             stream.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20))
+            start = time.perf_counter()
+            for _ in range(100):
+                cache.length = t
+                graph(ids, pos)
+            stream.synchronize()
+            replay = (time.perf_counter() - start) * 1e4
+            cache.length = t
+            start = time.perf_counter()
+            n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
+            stream.synchronize()
+            chain = (time.perf_counter() - start) / n * 1e6
+            key = "dependent_launch" if dependent else "plain_launch"
+            result[key] = {"graph_replay_us": round(replay, 1), "greedy_us_per_token": round(chain, 1),
+                           "tokens_per_s": round(1e6 / chain, 1)}
+            print(f"{key}: graph replay {replay:.1f} us per step, greedy chain {chain:.1f} us per token "
+                  f"({1e6 / chain:.0f} tok/s)")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:      # dependent launch still off
+            for _ in range(5):
+                cache.length = t
+                cache.begin(1)
+                step(cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), t))
+            stream.synchronize()
+        tk_arrays.DEPENDENT_LAUNCH = True
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    result["kernels"] = [{"name": e.key[:60], "calls_per_step": e.count / 5, "us_per_call": round(e.device_time_total / e.count, 2),
+                          "us_per_step": round(e.device_time_total / 5, 2)} for e in events if e.device_time_total > 0]
+    for k in result["kernels"][:16]:
+        print(f"{k['name'][:40]:40s} {k['calls_per_step']:6.1f}/step {k['us_per_call']:8.2f} us {k['us_per_step']:9.1f} us/step")
+    write_result(f"decode-profile-{args.model}-b{b}", result, args.out)
 
 
 if __name__ == "__main__":

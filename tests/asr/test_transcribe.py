@@ -7,7 +7,7 @@ from asr_cli import cli
 
 from glm_asr.model import GlmAsr
 from glm_asr.transcribe import Transcriber
-from gpt.checkpoint import CheckpointError
+from gpt.checkpoint import CheckpointError, load_tensors
 
 
 def test_prompt_construction(tiny):
@@ -28,13 +28,16 @@ def test_tied_head_follows_config(tiny, tmp_path, capsys):
     cfg["tie_word_embeddings"] = True
     (d / "config.json").write_text(json.dumps(cfg))
     m = GlmAsr.load(d)
-    assert m.w["lm_head"] is m.w["embed"]
+    t = load_tensors(d)     # the head is the embedding, with the final norm's scale folded in
+    np.testing.assert_allclose(m.w["lm_head"], m.w["embed"] * t["language_model.model.norm.weight"], rtol=1e-6)
     assert "ignoring the different language_model.lm_head.weight" in capsys.readouterr().err
 
 
 def test_untied_head_and_decoder_cache(tiny):
     m = GlmAsr.load(tiny)
-    assert m.w["lm_head"] is not m.w["embed"]
+    t = load_tensors(tiny)
+    np.testing.assert_allclose(m.w["lm_head"], t["language_model.lm_head.weight"] * t["language_model.model.norm.weight"],
+                               rtol=1e-6)
     x = m.w["embed"][np.array([[3, 9, 27, 81]])]
     full = m.forward(x, m.new_cache(8))
     cache = m.new_cache(8)

@@ -16,9 +16,9 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, attention, conv1d, linear, norm, rope, softmax = (
+act, attention, conv1d, linear, norm, qkv, rope, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "attention", "conv1d", "linear", "norm", "rope", "softmax"))
+    for m in ("activations", "attention", "conv1d", "linear", "norm", "qkv", "rope", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -40,23 +40,27 @@ def specializations():
     for n in (768, 1024, 1280, 1600, 2048):          # GPT-2 sizes, GLM encoder, GLM decoder
         rows, tile = norm.norm_config(n)
         for rms in (False, True):
-            out.append((f"norm-{n}-rms{rms}", norm.norm_kernel,
-                        [arr(2), arr(1), arr(1), arr(2), F32, F32, rows, tile, rms]))
+            for affine in (False, True):
+                out.append((f"norm-{n}-rms{rms}-affine{affine}", norm.norm_kernel,
+                            [arr(2), arr(1), arr(1), arr(2), F32, F32, rows, tile, rms, affine]))
     for code in (act.GELU_TANH, act.GELU_ERF, act.SILU):
         for gated in (False, True):
             out.append((f"act-{code}-{gated}", act.activation_kernel,
                         [arr(1), arr(1), arr(1), act.ELEMENTWISE_TILE, code, gated]))
-    # (bias, act, glu, residual) of the models' decode projections
-    decode = [(True, 0, False, False), (True, 0, False, True), (True, act.GELU_TANH, False, False),
-              (False, 0, False, False), (False, 0, False, True), (False, act.SILU, True, False)]
-    for bias, code, glu, res in decode:
-        name = f"{bias}-{code}-glu{glu}-res{res}"
+    # (bias, act, glu, residual, norm) of the models' decode projections
+    decode = [(True, 0, False, False, linear.LAYER), (True, 0, False, True, linear.NO_NORM),
+              (True, act.GELU_TANH, False, False, linear.LAYER), (False, 0, False, False, linear.LAYER),
+              (False, 0, False, False, linear.RMS), (False, 0, False, True, linear.NO_NORM),
+              (False, act.SILU, True, False, linear.RMS), (False, 0, False, False, linear.NO_NORM)]
+    for bias, code, glu, res, nrm in decode:
+        name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}"
+        gemv_tiles = (16, 256) if glu else (16, 512) if nrm == linear.RMS else (32, 256)
         out.append((f"gemv-{name}", linear.gemv_kernel,
-                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), 16, linear.GEMV_TILE_K, bias, code, glu, res]))
+                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm]))
         for precise in (False, True):
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
-                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), *(linear.SKINNY_GLU if glu else linear.SKINNY),
-                         bias, code, glu, res, precise]))
+                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *(linear.SKINNY_GLU if glu else linear.SKINNY),
+                         bias, code, glu, res, nrm, precise]))
     for bias, code, glu, res in ((True, 0, False, False), (True, 0, False, True), (True, act.GELU_ERF, False, False),
                                  (True, act.GELU_TANH, False, False), (False, 0, False, False),
                                  (False, 0, False, True), (False, act.SILU, True, False)):
@@ -84,6 +88,9 @@ def specializations():
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
+    for d, rope_on in ((64, False), (128, True), (64, True)):     # GPT-2, GLM decoder, GLM encoder
+        out.append((f"split-qkv-{d}-rope{rope_on}", qkv.split_qkv_kernel,
+                    [arr(4), arr(4), arr(4), arr(4), iarr(1), arr(3), arr(3), I32, d, rope_on]))
     for precise in (False, True):
         out.append((f"conv1d-gelu-p{precise}", conv1d.conv1d_kernel,
                     [arr(3), arr(3, False), arr(1), arr(3), I32, I32, 3, True, act.GELU_ERF, precise]))

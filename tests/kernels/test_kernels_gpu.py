@@ -96,6 +96,62 @@ def test_linear_fused(poisoned, rng, m, k, n, norm, act, bias, res):
     assert rel_err(out, ref) <= (FP32 if m == 1 and n_out <= 4096 else TF32)
 
 
+@pytest.mark.parametrize("m", [1, 7, 16, 300])
+@pytest.mark.parametrize("k,n,norm,act,offset", [
+    (768, 2304, "layer", None, 0.0),          # GPT-2 qkv with ln_1 folded in
+    (768, 3072, "layer", "gelu_tanh", 30.0),   # rows far from zero: the variance must keep its digits
+    (1281, 769, "layer", None, 0.0),          # ragged K and N
+    (768, 50257, "layer", None, 0.0),         # GPT-2 head with ln_f folded in
+    (2048, 3072, "rms", None, 0.0),           # GLM qkv
+    (2048, 12288, "rms", "swiglu", 0.0),      # GLM gate/up
+])
+def test_linear_with_folded_norm(poisoned, rng, m, k, n, norm, act, offset):
+    """linear(x, fold_norm(norm, W, b)) computes the norm's statistics inside the decode kernels
+    (M <= 16) and runs a statistics-only norm kernel ahead of the large-M one."""
+    (x, gx), (w, gw) = pair(rng, m, k, scale=2.0), pair(rng, n, k, scale=0.05)
+    x = x + np.float32(offset)
+    gx = gx + np.float32(offset)
+    (nw, gnw), (nb, gnb) = pair(rng, k), pair(rng, k)
+    if norm == "layer":
+        (b, gb) = pair(rng, n)
+        spec, plain, fw, fb = (nw, nb), *tk.fold_norm(tk.LayerNorm(gnw, gnb, 1e-5), gw, gb)
+    else:
+        b = gb = None
+        spec, plain, fw, fb = (nw, None), *tk.fold_norm(tk.RMSNorm(gnw, 1e-5), gw)
+    assert not plain.affine
+    out = tk.linear(gx, fw, fb, activation=act, norm=plain)
+    ref = fused_reference(x, w, b, act, spec, 1e-5, None)
+    n_out = n // 2 if act == "swiglu" else n
+    assert rel_err(out, ref) <= (FP32 if m == 1 and n_out <= 4096 else TF32)
+
+
+@pytest.mark.parametrize("b,t,hq,hkv,d,rope", [(1, 1, 12, 12, 64, 0), (2, 7, 12, 12, 64, 0),      # GPT-2
+                                               (1, 1, 16, 4, 128, 128), (1, 769, 16, 4, 128, 128),  # GLM decoder
+                                               (2, 1500, 20, 20, 64, 32), (2, 3, 4, 2, 64, 16)])   # GLM encoder
+def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
+    """q comes back rotated; k (rotated) and v land in the cache at start..start+T-1 and no
+    other slot changes (the rest of the cache keeps its poison)."""
+    import cupy
+
+    (qkv, gqkv) = pair(rng, b, t, (hq + 2 * hkv) * d)
+    t_max, start = t + 13, 5
+    kc, vc = cupy.full((b, hkv, t_max, d), np.nan, np.float32), cupy.full((b, hkv, t_max, d), np.nan, np.float32)
+    cos = sin = gcos = gsin = None
+    if rope:
+        cos, sin = tk.rope_cos_sin(np.arange(start, start + t)[None].repeat(b, 0), rope)
+        gcos, gsin = cupy.asarray(cos), cupy.asarray(sin)
+    kr, vr = np.full(kc.shape, np.nan, np.float32), np.full(vc.shape, np.nan, np.float32)
+    q_ref = tk.split_qkv(qkv, kr, vr, np.array([start], np.int32), hq, cos, sin, rope or None)
+    q = tk.split_qkv(gqkv, kc, vc, cupy.array([start], np.int32), hq, gcos, gsin, rope or None)
+    assert rel_err(q, q_ref) <= FP32
+    span = slice(start, start + t)
+    assert rel_err(kc[:, :, span], kr[:, :, span]) <= FP32
+    assert rel_err(vc[:, :, span], vr[:, :, span]) == 0.0
+    for c in (kc, vc):
+        rest = cupy.concatenate([c[:, :, :start], c[:, :, start + t:]], axis=2)
+        assert bool(cupy.isnan(rest).all())
+
+
 @pytest.fixture
 def highest():
     tk.set_matmul_precision("highest")

@@ -155,3 +155,31 @@ def test_attention_left_padding_equals_unpadded(rng):
     assert np.isfinite(got).all()
     decode = tk.attention(c(q[:, :, -1:]), k, v, causal=True, kv_start=start)
     np.testing.assert_allclose(decode, got[:, :, -1:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_fold_norm_keeps_the_projection(rng, norm):
+    x = (rng.standard_normal((5, 40)) + 7).astype(np.float32)
+    w, b = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+    g, beta = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    n = tk.LayerNorm(g, beta, 1e-5) if norm == "layer" else tk.RMSNorm(g, 1e-5)
+    plain, fw, fb = tk.fold_norm(n, w, b)
+    assert not plain.affine and plain.eps == n.eps
+    assert rel_err(tk.linear(x, fw, fb, norm=plain), tk.linear(x, w, b, norm=n)) <= 1e-6
+    assert tk.fold_norm(plain, fw, fb)[1] is fw        # nothing left to fold
+
+
+def test_split_qkv_rotates_and_stores(rng):
+    b, t, hq, hkv, d = 2, 3, 4, 2, 8
+    qkv = rng.standard_normal((b, t, (hq + 2 * hkv) * d)).astype(np.float32)
+    kc, vc = np.zeros((b, hkv, 6, d), np.float32), np.zeros((b, hkv, 6, d), np.float32)
+    cos, sin = tk.rope_cos_sin(np.arange(2, 2 + t)[None].repeat(b, 0), 4)
+    q = tk.split_qkv(qkv, kc, vc, np.array([2], np.int32), hq, cos, sin, rotary_dim=4)
+    heads = qkv.reshape(b, t, hq + 2 * hkv, d)
+
+    def rotated(a):
+        return tk.rope(np.ascontiguousarray(a), cos, sin, 4).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(q, rotated(heads[:, :, :hq]), rtol=1e-6)
+    np.testing.assert_allclose(kc[:, :, 2:5], rotated(heads[:, :, hq:hq + hkv]), rtol=1e-6)
+    np.testing.assert_array_equal(vc[:, :, 2:5], heads[:, :, hq + hkv:].transpose(0, 2, 1, 3))
+    assert not kc[:, :, :2].any() and not vc[:, :, 5:].any()

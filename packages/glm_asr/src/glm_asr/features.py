@@ -2,7 +2,8 @@
 (feature_size=128) computes them for each 30 s window.
 
 soundfile reads the file, channels are averaged to mono, librosa resamples to 16 kHz and
-provides the Slaney mel filters; the STFT is numpy's rfft over a periodic Hann window.
+provides the Slaney mel filters; the STFT is an rfft over a periodic Hann window, in float64
+with numpy on the CPU or with cupy on the GPU (the same code: xp is the array module).
 """
 from __future__ import annotations
 
@@ -63,19 +64,20 @@ def mel_filters() -> np.ndarray:
     return _FILTERS
 
 
-def log_mel(window: np.ndarray, n_mels: int = 128) -> np.ndarray:
-    """(n_mels, 3000) features of one window of at most 480000 samples (zero padded)."""
+def log_mel(window, n_mels: int = 128, xp=np):
+    """(n_mels, 3000) float32 features of one window of at most 480000 samples (zero padded),
+    computed with xp (numpy, or cupy for features already on the GPU)."""
     if n_mels != 128:
         raise ValueError(f"only 128 mel bins are supported, the checkpoint asks for {n_mels}")
-    x = np.zeros(WINDOW_SAMPLES, np.float64)
-    x[: len(window)] = window
-    x = np.pad(x, N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(x, N_FFT)[::HOP]            # (3001, 400)
-    hann = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)              # periodic
-    power = np.abs(np.fft.rfft(frames * hann, axis=-1)) ** 2                         # (3001, 201)
-    mel = mel_filters() @ power.T                                                    # (128, 3001)
-    spec = np.log10(np.maximum(mel, 1e-10))[:, :-1]
-    spec = np.maximum(spec, spec.max() - 8.0)
+    x = xp.zeros(WINDOW_SAMPLES, np.float64)
+    x[: len(window)] = xp.asarray(window)
+    x = xp.pad(x, N_FFT // 2, mode="reflect")
+    frames = xp.lib.stride_tricks.as_strided(x, shape=(FRAMES + 1, N_FFT), strides=(HOP * 8, 8))   # (3001, 400)
+    hann = 0.5 - 0.5 * xp.cos(2 * np.pi * xp.arange(N_FFT) / N_FFT)              # periodic
+    power = xp.abs(xp.fft.rfft(frames * hann, axis=-1)) ** 2                         # (3001, 201)
+    mel = xp.asarray(mel_filters()) @ power.T                                        # (128, 3001)
+    spec = xp.log10(xp.maximum(mel, 1e-10))[:, :-1]
+    spec = xp.maximum(spec, spec.max() - 8.0)
     return ((spec + 4.0) / 4.0).astype(np.float32)
 
 
@@ -93,19 +95,20 @@ def audio_tokens(frames: int) -> int:
 class Window:
     start_s: float
     end_s: float
-    features: np.ndarray        # (128, 3000)
+    features: object            # (128, 3000) float32, numpy or cupy
     tokens: int                 # audio embeddings that belong to real audio
 
 
-def windows(samples: np.ndarray, n_mels: int = 128) -> list[Window]:
-    """Non-overlapping 30 s windows with their features; a too-short tail is dropped."""
+def windows(samples: np.ndarray, n_mels: int = 128, xp=np) -> list[Window]:
+    """Non-overlapping 30 s windows with their features (computed with xp: cupy puts them on
+    the GPU); a too-short tail is dropped."""
     out = []
     for start in range(0, len(samples), WINDOW_SAMPLES):
         chunk = samples[start: start + WINDOW_SAMPLES]
         tokens = audio_tokens(valid_frames(len(chunk)))
         if tokens < 1:
             continue
-        out.append(Window(start / SAMPLE_RATE, (start + len(chunk)) / SAMPLE_RATE, log_mel(chunk, n_mels), tokens))
+        out.append(Window(start / SAMPLE_RATE, (start + len(chunk)) / SAMPLE_RATE, log_mel(chunk, n_mels, xp), tokens))
     if not out:
         raise AudioError(f"audio too short to transcribe ({len(samples) / SAMPLE_RATE * 1000:.0f} ms; "
                          f"at least {6 * HOP / SAMPLE_RATE * 1000 + 1:.0f} ms needed)")

@@ -23,9 +23,7 @@ from .config import GlmAsrConfig
 @dataclass
 class EncoderLayer:
     ln1: tk.LayerNorm
-    q: tuple
-    k: tuple          # (weight, None): k_proj has no bias
-    v: tuple
+    qkv: tuple        # q, k, v projections stacked (k_proj has no bias: zeros there)
     o: tuple
     ln2: tk.LayerNorm
     fc1: tuple
@@ -73,10 +71,13 @@ class GlmAsr:
         w["encoder"] = []
         for i in range(e.num_layers):
             p = f"audio_tower.layers.{i}."
+            (qw, qb), (kw, _), (vw, vb) = (lin(p + "self_attn.q_proj", e.num_heads * hd, c),
+                                           lin(p + "self_attn.k_proj", e.num_kv_heads * hd, c, bias=False),
+                                           lin(p + "self_attn.v_proj", e.num_kv_heads * hd, c))
+            ln1, *qkv = tk.fold_norm(ln(p + "input_layernorm", c), np.concatenate([qw, kw, vw]),
+                                     np.concatenate([qb, np.zeros(len(kw), np.float32), vb]))
             w["encoder"].append(EncoderLayer(
-                ln(p + "input_layernorm", c), lin(p + "self_attn.q_proj", e.num_heads * hd, c),
-                lin(p + "self_attn.k_proj", e.num_kv_heads * hd, c, bias=False),
-                lin(p + "self_attn.v_proj", e.num_kv_heads * hd, c), lin(p + "self_attn.o_proj", c, e.num_heads * hd),
+                ln1, tuple(qkv), lin(p + "self_attn.o_proj", c, e.num_heads * hd),
                 ln(p + "post_attention_layernorm", c), lin(p + "mlp.fc1", e.intermediate_size, c),
                 lin(p + "mlp.fc2", c, e.intermediate_size)))
         w["proj1"] = lin("multi_modal_projector.linear_1", 2 * d.hidden_size, e.intermediate_size)
@@ -91,24 +92,26 @@ class GlmAsr:
             qkv = np.concatenate([m("self_attn.q_proj", d.num_heads * D), m("self_attn.k_proj", d.num_kv_heads * D),
                                   m("self_attn.v_proj", d.num_kv_heads * D)])
             gate_up = np.concatenate([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
-            w["decoder"].append(DecoderLayer(tk.RMSNorm(take(t, p + "input_layernorm.weight", (n,)), d.rms_norm_eps),
-                                             qkv, m("self_attn.o_proj", n, d.num_heads * D),
-                                             tk.RMSNorm(take(t, p + "post_attention_layernorm.weight", (n,)),
-                                                        d.rms_norm_eps), gate_up,
+            # each RMSNorm's scale folds into the projection after it (tk.fold_norm)
+            ln1, qkv, _ = tk.fold_norm(tk.RMSNorm(take(t, p + "input_layernorm.weight", (n,)), d.rms_norm_eps), qkv)
+            ln2, gate_up, _ = tk.fold_norm(
+                tk.RMSNorm(take(t, p + "post_attention_layernorm.weight", (n,)), d.rms_norm_eps), gate_up)
+            w["decoder"].append(DecoderLayer(ln1, qkv, m("self_attn.o_proj", n, d.num_heads * D), ln2, gate_up,
                                              m("mlp.down_proj", n, d.intermediate_size)))
         w["embed"] = take(t, "language_model.model.embed_tokens.weight", (d.vocab_size, n))
-        w["norm"] = tk.RMSNorm(take(t, "language_model.model.norm.weight", (n,)), d.rms_norm_eps)
         head = t.get("language_model.lm_head.weight")
         if cfg.tie_word_embeddings:
             # as transformers does: a tied head is the embedding, whatever else the file holds
             if head is not None and not np.array_equal(head, w["embed"]):
                 print("note: config ties the output head to embed_tokens; ignoring the different "
                       "language_model.lm_head.weight in the checkpoint", file=sys.stderr)
-            w["lm_head"] = w["embed"]
+            head = w["embed"]
+        elif head is None:
+            raise CheckpointError("missing tensor language_model.lm_head.weight (tie_word_embeddings is false)")
         else:
-            if head is None:
-                raise CheckpointError("missing tensor language_model.lm_head.weight (tie_word_embeddings is false)")
-            w["lm_head"] = take(t, "language_model.lm_head.weight", (d.vocab_size, n))
+            head = take(t, "language_model.lm_head.weight", (d.vocab_size, n))
+        norm = tk.RMSNorm(take(t, "language_model.model.norm.weight", (n,)), d.rms_norm_eps)
+        w["norm"], w["lm_head"], _ = tk.fold_norm(norm, head)
         return cls(cfg, w).to(device)
 
     def to(self, device: str) -> "GlmAsr":
@@ -127,14 +130,14 @@ class GlmAsr:
         x = tk.conv1d(x, *w["conv2"], stride=2, padding=1, activation="gelu")
         x = xp.ascontiguousarray(x.transpose(0, 2, 1))                      # (W, T, C)
         b, t, c = x.shape
-        cos, sin = tk.rope_cos_sin(xp.arange(t, dtype=np.int32), e.rotary_dim, e.rope_theta)
+        cos, sin = tk.rope_cos_sin(xp.arange(t, dtype=np.int32)[None].repeat(b, 0), e.rotary_dim, e.rope_theta)
+        start = xp.zeros(1, np.int32)
+        k = xp.empty((b, e.num_kv_heads, t, e.head_dim), np.float32)
+        v = xp.empty_like(k)
         for L in w["encoder"]:
-            h = L.ln1(x)
-            q = tk.rope(tk.linear(h, *L.q).reshape(b, t, e.num_heads, e.head_dim), cos, sin, e.rotary_dim)
-            k = tk.rope(tk.linear(h, *L.k).reshape(b, t, e.num_kv_heads, e.head_dim), cos, sin, e.rotary_dim)
-            v = tk.linear(h, *L.v).reshape(b, t, e.num_kv_heads, e.head_dim)
-            heads = [xp.ascontiguousarray(a.transpose(0, 2, 1, 3)) for a in (q, k, v)]
-            y = tk.attention(*heads, causal=False)
+            qkv = tk.linear(x, *L.qkv, norm=L.ln1)
+            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim)   # k, v: (B, H, T, D)
+            y = tk.attention(q, k, v, causal=False)
             y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
             x = tk.linear(y, *L.o, residual=x)
             x = tk.linear(tk.linear(x, *L.fc1, activation=e.activation, norm=L.ln2), *L.fc2, residual=x)
@@ -163,16 +166,12 @@ class GlmAsr:
         """The device work of forward for the span cache.begin announced (graph-capturable)."""
         d, xp, w = self.config.decoder, self.xp, self.w
         b, t, n = x.shape
-        D, hq, hkv = d.head_dim, d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        D = d.head_dim
         cos, sin = tk.rope_cos_sin(positions, D, d.rope_theta)
         for i, L in enumerate(w["decoder"]):
             qkv = tk.linear(x, L.qkv, norm=L.ln1)
-            q = tk.rope(xp.ascontiguousarray(qkv[..., :hq]).reshape(b, t, d.num_heads, D), cos, sin)
-            k = tk.rope(xp.ascontiguousarray(qkv[..., hq:hq + hkv]).reshape(b, t, d.num_kv_heads, D), cos, sin)
-            v = qkv[..., hq + hkv:].reshape(b, t, d.num_kv_heads, D)
-            y = cache.attend(i, xp.ascontiguousarray(q.transpose(0, 2, 1, 3)), k.transpose(0, 2, 1, 3),
-                             v.transpose(0, 2, 1, 3), D ** -0.5)
-            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, hq)
+            y = cache.attend(i, qkv, d.num_heads, D ** -0.5, cos, sin)                 # (B, H, T, D)
+            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, d.num_heads * D)
             x = tk.linear(y, L.o, residual=x)
             x = tk.linear(tk.linear(x, L.gate_up, activation="swiglu", norm=L.ln2), L.down, residual=x)
         return tk.linear(xp.ascontiguousarray(x[:, -1]), w["lm_head"], norm=w["norm"])

@@ -50,7 +50,7 @@ class Transcriber:
 
     def transcribe(self, samples: np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
         segments = []
-        wins = windows(samples, self.model.config.encoder.num_mel_bins)
+        wins = windows(samples, self.model.config.encoder.num_mel_bins, self.model.xp)
         for w, tokens in window_tokens(self.model, wins, lambda n: self.prompt_ids(n, instruction), max_new_tokens):
             text = self.tok.decode(tokens, skip_special_tokens=True)
             segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
@@ -65,7 +65,7 @@ def window_tokens(model: GlmAsr, wins: list, prompt_ids: Callable[[int], list[in
     a time, each one request of prompt_ids(audio tokens) decoded greedily."""
     for g in range(0, len(wins), ENCODER_BATCH):
         group = wins[g: g + ENCODER_BATCH]
-        emb = model.encode(model.xp.asarray(np.stack([w.features for w in group])))
+        emb = model.encode(model.xp.stack([w.features for w in group]))
         for j, w in enumerate(group):
             yield w, model.greedy(prompt_ids(w.tokens), emb[j, : w.tokens], max_new_tokens, eos)
 

@@ -1,8 +1,9 @@
 """A decode step captured once as a CUDA graph and replayed for every token.
 
-At batch 1 a step is ~150 (GPT-2) to ~500 (GLM-ASR) kernel launches whose host cost (~30 us
+At batch 1 a step is ~80 (GPT-2) to ~190 (GLM-ASR) kernel launches whose host cost (~30 us
 each through Python and ct.launch) exceeds the GPU work several times over; a graph
-replays them for ~1 us each. Everything the step reads that changes per token (token ids,
+replays them back to back, each kernel launched as a programmatic dependent of the one
+before (see tilekernels._arrays.launch), so it is scheduled while its predecessor runs. Everything the step reads that changes per token (token ids,
 positions, the cache span) lives in fixed device buffers refreshed before each replay.
 Temporaries come from a private memory pool so no later allocation can reuse an address
 the graph writes.

@@ -40,15 +40,13 @@ class KVCache:
         else:
             self.span[...] = span
 
-    def attend(self, layer: int, q, k, v, scale: float):
-        """Store k, v (B, Hkv, T, D) of the new tokens in `layer`, then causal attention of
-        q (B, Hq, T, D) over everything cached so far."""
-        t = q.shape[2]
+    def attend(self, layer: int, qkv, heads: int, scale: float, cos=None, sin=None):
+        """Causal attention (B, Hq, T, D) of the new tokens over everything cached so far, from
+        their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
+        announced span first (rotated by RoPE with cos, sin when given, and q with them)."""
+        t = qkv.shape[1]
+        q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin)
         if t == 1:      # decode: position and valid length live on the device (graph replay)
-            self.k[layer][:, :, self.span[:1]] = k
-            self.v[layer][:, :, self.span[:1]] = v
             return tk.attention(q, self.k[layer], self.v[layer], True, scale, self.kv_start, self.span[1:])
-        start, end = self.length, self.length + t
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
+        end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)

@@ -30,7 +30,7 @@ class Block:
 
 
 class GPT:
-    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tk.LayerNorm, lm_head):
+    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tk.LayerNorm, lm_head: tuple):
         self.config, self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head = (
             config, wte, wpe, blocks, ln_f, lm_head)
         self.xp = tk.array_module(wte)
@@ -54,11 +54,15 @@ class GPT:
         blocks = []
         for i in range(config.n_layer):
             p = f"h.{i}."
-            blocks.append(Block(ln(p + "ln_1"), *lin(p + "attn.c_attn", c, 3 * c), *lin(p + "attn.c_proj", c, c),
-                                ln(p + "ln_2"), *lin(p + "mlp.c_fc", c, inner), *lin(p + "mlp.c_proj", inner, c)))
+            # each LayerNorm's scale and shift fold into the projection after it (tk.fold_norm)
+            blocks.append(Block(*tk.fold_norm(ln(p + "ln_1"), *lin(p + "attn.c_attn", c, 3 * c)),
+                                *lin(p + "attn.c_proj", c, c),
+                                *tk.fold_norm(ln(p + "ln_2"), *lin(p + "mlp.c_fc", c, inner)),
+                                *lin(p + "mlp.c_proj", inner, c)))
         wte = take(t, "wte.weight", (v, c))
         lm_head = take(t, "lm_head.weight", (v, c)) if "lm_head.weight" in t else wte
-        model = cls(config, wte, take(t, "wpe.weight", (config.n_positions, c)), blocks, ln("ln_f"), lm_head)
+        ln_f, *lm_head = tk.fold_norm(ln("ln_f"), lm_head)
+        model = cls(config, wte, take(t, "wpe.weight", (config.n_positions, c)), blocks, ln_f, tuple(lm_head))
         return model.to(device)
 
     def to(self, device: str) -> "GPT":
@@ -75,11 +79,9 @@ class GPT:
         """x + causal self-attention of ln_1(x) for the new tokens x (B, T, C) over the
         cache and themselves."""
         b, t, c = x.shape
-        xp, nh = self.xp, self.config.n_head
-        qkv = tk.linear(x, blk.attn_w, blk.attn_b, norm=blk.ln_1).reshape(b, t, 3, nh, c // nh)
-        q, k, v = (xp.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))
-        y = cache.attend(i, q, k, v, self.config.attn_scale(i))
-        y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
+        qkv = tk.linear(x, blk.attn_w, blk.attn_b, norm=blk.ln_1)
+        y = cache.attend(i, qkv, self.config.n_head, self.config.attn_scale(i))    # (B, H, T, D)
+        y = self.xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
         return tk.linear(y, blk.proj_w, blk.proj_b, residual=x)
 
     def mlp(self, blk: Block, x):
@@ -105,7 +107,7 @@ class GPT:
             x = self.mlp(blk, x)
         if last_only:
             x = self.xp.ascontiguousarray(x[:, -1])
-        return tk.linear(x, self.lm_head, norm=self.ln_f)
+        return tk.linear(x, *self.lm_head, norm=self.ln_f)
 
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "CheckpointError"]

@@ -8,13 +8,15 @@ from .activations import gelu, silu, swiglu
 from .attention import attention
 from .conv1d import conv1d
 from .linear import linear
-from .norm import LayerNorm, RMSNorm, layernorm, rmsnorm
+from .norm import LayerNorm, RMSNorm, fold_norm, layernorm, rmsnorm
+from .qkv import split_qkv
 from .precision import get_matmul_precision, set_matmul_precision
 from .rope import rope, rope_cos_sin
 from .softmax import softmax
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "array_module", "attention", "conv1d", "gelu", "is_device",
-    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "swiglu",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "array_module", "attention", "conv1d", "fold_norm", "gelu",
+    "is_device",
+    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu",
 ]

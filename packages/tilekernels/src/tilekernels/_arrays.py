@@ -7,11 +7,19 @@ names the argument.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
+import cuda.tile as ct
 import numpy as np
 
-__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count"]
+__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready"]
+
+# Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
+# before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
+# gap and lets weight loads start early. TILEKERNELS_DEPENDENT_LAUNCH=0 turns it off (tools
+# flip this flag to measure what it saves).
+DEPENDENT_LAUNCH = os.environ.get("TILEKERNELS_DEPENDENT_LAUNCH", "1") != "0"
 
 
 def is_device(a: Any) -> bool:
@@ -102,10 +110,26 @@ class _DeviceArg:
                                          "data": (a.data.ptr, False), "version": 2}
 
 
-def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
-    """Launch a cuTile kernel on cupy's current stream."""
+@functools.lru_cache(maxsize=None)
+def _hopper_or_later() -> bool:
     import cupy
-    import cuda.tile as ct
+
+    return int(cupy.cuda.Device().compute_capability) >= 90
+
+
+def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
+    """Launch a cuTile kernel on cupy's current stream (as a programmatic dependent launch
+    on Hopper and later: every kernel here calls inputs_ready before touching activations)."""
+    import cupy
 
     args = tuple(_DeviceArg(a) if is_device(a) else a for a in args)
-    ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args)
+    ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args,
+              programmatic_dependent_launch=DEPENDENT_LAUNCH and _hopper_or_later())
+
+
+def inputs_ready() -> None:
+    """Tile helper, in every kernel before it reads activations or writes anything (constant
+    weights may be loaded before it): wait until the kernels before this one have finished and
+    their writes are visible, then let the next kernel start launching."""
+    ct.grid_dependency_control_wait()
+    ct.grid_dependency_control_launch_dependents()

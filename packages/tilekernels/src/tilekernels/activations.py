@@ -11,7 +11,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch
+from ._arrays import backend, check, launch, inputs_ready
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -102,6 +102,7 @@ def tile_activation(x, ACT):
 @ct.kernel
 def activation_kernel(X, U, Y, TILE: ConstInt, ACT: ConstInt, GATED: ConstBool):
     """y = act(x), or act(x) * u when GATED; flat 1-D arrays, TILE elements per block."""
+    inputs_ready()
     i = ct.bid(0)
     x = ct.load(X, index=(i,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
     y = tile_activation(x, ACT)

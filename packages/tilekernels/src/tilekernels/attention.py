@@ -8,7 +8,8 @@ k/v may be views into a longer KV cache (unit stride on the last axis only).
 
 Tq = 1 (decode) takes a split-KV path: the key range is cut into chunks processed by
 separate blocks, all query heads of one KV head together, and a second kernel merges
-the partial softmax states, so a single query still fills the GPU.
+the partial softmax states, so a single query still fills the GPU. (Merging in the last
+block to finish, counted with an atomic, was tried and measured slower.)
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, launch, next_pow2, sm_count
+from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
 from .precision import precise, tf32_mma
 
 ConstInt = ct.Constant[int]
@@ -69,6 +70,7 @@ def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE):
 def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                  D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool, PRECISE: ConstBool):
     """One TILE_M block of queries of one (batch, head) against all visible keys."""
+    inputs_ready()
     mt = ct.bid(0)
     b = ct.bid(1) // Q.shape[1]
     h = ct.bid(1) % Q.shape[1]
@@ -114,6 +116,7 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
     KL[0] is the number of valid keys, read on the device so that one captured CUDA
     graph serves every decode step; chunks past it come out empty (max -inf, sum 0).
     """
+    inputs_ready()
     split = ct.bid(0)
     b = ct.bid(1) // K.shape[1]
     kvh = ct.bid(1) % K.shape[1]
@@ -143,6 +146,7 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
 @ct.kernel
 def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
     """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s for one query head."""
+    inputs_ready()
     b = ct.bid(0) // O.shape[1]
     h = ct.bid(0) % O.shape[1]
     kvh = h // group

@@ -11,7 +11,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch
+from ._arrays import backend, check, launch, inputs_ready
 from .activations import activation_code, apply_activation_reference, tile_activation
 from .precision import precise, tf32_mma
 
@@ -39,6 +39,7 @@ def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
 def conv1d_kernel(X, WT, Bias, Y, stride: int, padding: int, KW: ConstInt,
                   HAS_BIAS: ConstBool, ACT: ConstInt, PRECISE: ConstBool):
     """WT is the weight viewed as (KW, C_out, C_in); one (TILE_CO, TILE_T) output tile."""
+    inputs_ready()
     b = ct.bid(2)
     co = ct.bid(0)
     tt = ct.bid(1)

@@ -2,9 +2,11 @@
 
 weight is (N, K), the torch nn.Linear layout. Bias, activation, a gated unit (activation
 'swiglu': weight stacks [gate; up], y = silu(gate) * up) and the residual add are fused
-into the kernel's epilogue. The norm runs as its own kernel first: fused into the decode
-kernels as a prologue it cost more than it saved (every block recomputes the row
-statistics before streaming weights: +9 us per GPT-2 projection on an H200).
+into the kernel's epilogue. A norm without parameters (fold_norm moved its scale and shift
+into the weights) is computed by the decode kernels themselves: each block takes the row
+statistics in one pass over x while its first weight tile, requested before the kernel waits
+for its input (dependent launch), is in flight. A norm with parameters, or any norm ahead of
+the large-M kernel, runs as its own kernel first.
 
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
@@ -21,7 +23,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch, sm_count
+from ._arrays import backend, check, inputs_ready, launch, sm_count
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import precise, tf32_mma
@@ -49,9 +51,46 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
 
 
 # ---------------------------------------------------------------- tile helpers
-def epilogue(acc, up, Bias, R, Y, bm, bn, TILE_M: int, TILE_N: int,
-             HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool):
-    """Store residual + act(acc + bias) [* up] as output tile (bm, bn)."""
+NO_NORM, LAYER, RMS = 0, 1, 2
+
+
+def norm_input(x, x0, k, s1, s2, k_total, TILE_K: int, NORM: int):
+    """Chunk k of the rows x as the product sees it, and the running sums for norm_scale.
+
+    LAYER shifts x by x0, each row's first element: with the weight rows centred by
+    fold_norm, (x - x0) @ w.T equals (x - mean) @ w.T, and sums of x - x0 keep the variance
+    of a row far from zero exact to fp32 rounding. RMS leaves x as it is."""
+    if NORM == LAYER:
+        cols = ct.arange(TILE_K, dtype=ct.int32)[None, :]
+        x = ct.where(k * TILE_K + cols < k_total, x - x0, 0.0)
+        s1 = s1 + x
+    if NORM != NO_NORM:
+        s2 = s2 + x * x
+    return x, s1, s2
+
+
+def norm_scale(s1, s2, k_total, eps: float):
+    """1/std (LAYER) or 1/rms (RMS, s1 = 0) of each row, (TILE_M, 1)."""
+    inv_k = 1.0 / k_total
+    mean = ct.sum(s1, axis=1, keepdims=True) * inv_k
+    var = ct.maximum(ct.sum(s2, axis=1, keepdims=True) * inv_k - mean * mean, 0.0)
+    return ct.rsqrt(var + eps)
+
+
+def first_column(X, bm, TILE_M: int, NORM: int):
+    """x0 of norm_input: each row's first element for LAYER (zeros otherwise)."""
+    x0 = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    if NORM == LAYER:
+        x0 = ct.load(X, index=(bm, 0), shape=(TILE_M, 1), padding_mode=ct.PaddingMode.ZERO)
+    return x0
+
+
+def epilogue(acc, up, rstd, Bias, R, Y, bm, bn, TILE_M: int, TILE_N: int,
+             HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int):
+    """Store residual + act(acc [* rstd] + bias) [* up] as output tile (bm, bn)."""
+    if NORM != NO_NORM:
+        acc = acc * rstd
+        up = up * rstd
     if HAS_BIAS:
         acc = acc + ct.load(Bias, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
     acc = tile_activation(acc, ACT)
@@ -62,43 +101,80 @@ def epilogue(acc, up, Bias, R, Y, bm, bn, TILE_M: int, TILE_N: int,
     ct.store(Y, index=(bm, bn), tile=acc)
 
 
+def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
+    """Weight tile k of rows bn (and of the up half for GLU); zeros past the end of K."""
+    w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    w2 = w
+    if GLU:
+        w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    return w, w2
+
+
 # ---------------------------------------------------------------- kernels
+def gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int):
+    x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
+    acc = acc + w * x
+    if GLU:
+        acc2 = acc2 + w2 * x
+    return acc, acc2, s1, s2
+
+
 @ct.kernel
-def gemv_kernel(X, W, W2, Bias, R, Y, TILE_N: ConstInt, TILE_K: ConstInt,
-                HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool):
+def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
+                HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
-    elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end."""
+    elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
+    first weight tile is requested before the kernel waits for x (dependent launch)."""
     bn = ct.bid(0)
     m = ct.bid(1)
-    acc = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
-    acc2 = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
-    for k in range(ct.cdiv(X.shape[1], TILE_K)):
-        x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-        acc = acc + ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO) * x
-        if GLU:
-            acc2 = acc2 + ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO) * x
+    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU)
+    inputs_ready()
+    x0 = first_column(X, m, 1, NORM)
+    zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
+    stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
+    acc, acc2, s1, s2 = gemv_chunk(X, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM)
+    for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
+        acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
     y = ct.reshape(ct.sum(acc, axis=1), (1, TILE_N))
     up = ct.reshape(ct.sum(acc2, axis=1), (1, TILE_N))
-    epilogue(y, up, Bias, R, Y, m, bn, 1, TILE_N, HAS_BIAS, ACT, GLU, RESID)
+    epilogue(y, up, norm_scale(s1, s2, X.shape[1], eps), Bias, R, Y, m, bn, 1, TILE_N,
+             HAS_BIAS, ACT, GLU, RESID, NORM)
+
+
+def skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
+                 PRECISE: bool):
+    x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
+    xt = ct.transpose(x)
+    acc = tf32_mma(w, xt, acc, PRECISE)
+    if GLU:
+        acc2 = tf32_mma(w2, xt, acc2, PRECISE)
+    return acc, acc2, s1, s2
 
 
 @ct.kernel
-def skinny_kernel(X, W, W2, Bias, R, Y, TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt,
-                  HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, PRECISE: ConstBool):
+def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt,
+                  HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
+                  PRECISE: ConstBool):
     """Up to TILE_M rows of x against TILE_N weight rows: the weight tile is the mma's
     A operand (TILE_N, TILE_K), x transposed the B operand, so N fills the tensor-core M."""
     bn = ct.bid(0)
     bm = ct.bid(1)
-    acc = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
-    acc2 = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
-    for k in range(ct.cdiv(X.shape[1], TILE_K)):
-        xt = ct.transpose(ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO))
-        w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-        acc = tf32_mma(w, xt, acc, PRECISE)
-        if GLU:
-            w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-            acc2 = tf32_mma(w2, xt, acc2, PRECISE)
-    epilogue(ct.transpose(acc), ct.transpose(acc2), Bias, R, Y, bm, bn, TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID)
+    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU)
+    inputs_ready()
+    x0 = first_column(X, bm, TILE_M, NORM)
+    zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
+    stats = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
+    acc, acc2, s1, s2 = skinny_chunk(X, bm, 0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
+                                     PRECISE)
+    for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
+        acc, acc2, s1, s2 = skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
+                                         PRECISE)
+    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps), Bias, R, Y, bm, bn,
+             TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
 def _grouped(tile_id, num_m, num_n):
@@ -115,6 +191,7 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
                   GLU: ConstBool, RESID: ConstBool, PARTIAL: ConstBool, PRECISE: ConstBool):
     """One (TILE_M, TILE_N) output tile over one K range (axis 1 of the grid); PARTIAL
     stores the raw sum for splitk_reduce_kernel instead of the epilogue."""
+    inputs_ready()
     num_m = ct.cdiv(X.shape[0], TILE_M)
     num_n = ct.cdiv(W.shape[0], TILE_N)
     bm, bn = _grouped(ct.bid(0), num_m, num_n)
@@ -134,19 +211,20 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
     if PARTIAL:
         ct.store(Y, index=(split, bm, bn), tile=ct.reshape(acc, (1, TILE_M, TILE_N)))
     else:
-        epilogue(acc, acc2, Bias, R, Y, bm, bn, TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID)
+        epilogue(acc, acc2, acc, Bias, R, Y, bm, bn, TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID, NO_NORM)
 
 
 @ct.kernel
 def splitk_reduce_kernel(P, Bias, R, Y, TILE_N: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, RESID: ConstBool):
     """Y[m, n-tile] = residual + act(sum over splits of P[:, m, n-tile] + bias)."""
+    inputs_ready()
     m = ct.bid(0)
     j = ct.bid(1)
     acc = ct.full((1, TILE_N), 0.0, dtype=ct.float32)
     for s in range(P.shape[0]):
         p = ct.load(P, index=(s, m, j), shape=(1, 1, TILE_N), padding_mode=ct.PaddingMode.ZERO)
         acc = acc + ct.reshape(p, (1, TILE_N))
-    epilogue(acc, acc, Bias, R, Y, m, j, 1, TILE_N, HAS_BIAS, ACT, False, RESID)
+    epilogue(acc, acc, acc, Bias, R, Y, m, j, 1, TILE_N, HAS_BIAS, ACT, False, RESID, NO_NORM)
 
 
 # ---------------------------------------------------------------- planning and launch
@@ -154,15 +232,21 @@ LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
 SKINNY = (16, 64, 128)
 SKINNY_GLU = (16, 32, 128)
-GEMV_TILE_K = 256
 REDUCE_TILE = 256
 
 
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
-    """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N,)),
-    ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits)."""
-    if m == 1 and n <= 4096:
-        return "gemv", (8 if n < 1024 else 16,)
+    """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K)),
+    ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
+
+    GEMV tiles from tools/sweep_gemv.py (benchmarks/results/gemv-sweep-*.json): about one
+    block per SM or fewer, fat ones, beats many thin blocks on every decode shape measured."""
+    if m == 1 and n <= (8192 if glu else 4096):
+        if n < 1024:
+            tn = 8 if k > 1024 else 16
+        else:
+            tn = 16 if glu or n < 2304 else 32
+        return "gemv", (tn, 512 if k >= 2048 and tn <= 16 and not glu else 256)
     if m <= 16:
         return "skinny", SKINNY_GLU if glu else SKINNY
     tm, tn, tk = tiles = GLU_LARGE_M if glu else LARGE_M
@@ -183,19 +267,23 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     y = cupy.empty((m, n), dtype=cupy.float32)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    if norm is not None:
+    plan = linear_plan(m, n, k, glu, sm_count())
+    in_kernel = norm is not None and not norm.affine and plan[0] != "tiles"
+    if norm is not None and not in_kernel:
         x2 = norm(x2)
+    code = (RMS if isinstance(norm, RMSNorm) else LAYER) if in_kernel else NO_NORM
+    eps = float(norm.eps) if in_kernel else 0.0
     w, w2 = (weight[:n], weight[n:]) if glu else (weight, weight)
     b = weight if bias is None else bias
     r = y if residual is None else residual.reshape(m, n)
-    plan = linear_plan(m, n, k, glu, sm_count())
     flags = (bias is not None, act, glu, residual is not None)
     if plan[0] == "gemv":
-        (tn,) = plan[1]
-        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, tn, GEMV_TILE_K, *flags))
+        tn, tk = plan[1]
+        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, eps, tn, tk, *flags, code))
     elif plan[0] == "skinny":
         tm, tn, tk = plan[1]
-        launch((-(-n // tn), -(-m // tm), 1), skinny_kernel, (x2, w, w2, b, r, y, tm, tn, tk, *flags, precise()))
+        launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
+               (x2, w, w2, b, r, y, eps, tm, tn, tk, *flags, code, precise()))
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
@@ -216,7 +304,8 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
 
     activation: None, 'gelu' (exact), 'gelu_tanh', 'silu', or 'swiglu': weight stacks the
     gate and up projections (2I, K) and the result is silu(gate) * up, (..., I).
-    norm: a LayerNorm or RMSNorm applied to x first.
+    norm: a LayerNorm or RMSNorm applied to x first. A norm without parameters (see
+    fold_norm) is computed inside the decode kernels (M <= 16); otherwise it runs first.
     residual: (..., N_out), added last.
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
@@ -237,9 +326,9 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
         n //= 2
     if bias is not None:
         check("bias", bias, shape=(weight.shape[0],))
-    if norm is not None:
+    if norm is not None and norm.affine:
         check("norm weight", norm.weight, shape=(x.shape[-1],))
-        if isinstance(norm, LayerNorm):
+        if isinstance(norm, LayerNorm) and norm.bias is not None:
             check("norm bias", norm.bias, shape=(x.shape[-1],))
     if residual is not None:
         check("residual", residual, shape=(*x.shape[:-1], n))

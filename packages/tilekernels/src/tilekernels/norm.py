@@ -1,7 +1,9 @@
 """LayerNorm and RMSNorm over the last axis.
 
-The models hold their norms as LayerNorm / RMSNorm objects and hand them to linear(norm=...),
-which fuses the norm into its decode kernels; these kernels serve the larger row counts.
+The models hold their norms as LayerNorm / RMSNorm objects and hand them to linear(norm=...).
+fold_norm moves a norm's scale and shift into the projection that follows it (W diag(g),
+b + W beta), leaving a norm without parameters, whose row statistics the decode kernels of
+linear compute themselves: no separate norm kernel on the decode path.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch, next_pow2
+from ._arrays import backend, check, launch, next_pow2, inputs_ready
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -19,35 +21,40 @@ MAX_DIM = 16384
 
 
 # ---------------------------------------------------------------- numpy reference
-def layernorm_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def layernorm_reference(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                        eps: float) -> np.ndarray:
     mean = x.mean(axis=-1, keepdims=True, dtype=np.float64)
     d = x - mean
-    var = (d * d).mean(axis=-1, keepdims=True)
-    return (d / np.sqrt(var + eps) * weight + bias).astype(np.float32)
+    y = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
+    y = y if weight is None else y * weight
+    return (y if bias is None else y + bias).astype(np.float32)
 
 
-def rmsnorm_reference(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rmsnorm_reference(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
     ms = np.square(x, dtype=np.float64).mean(axis=-1, keepdims=True)
-    return (x / np.sqrt(ms + eps) * weight).astype(np.float32)
+    y = x / np.sqrt(ms + eps)
+    return (y if weight is None else y * weight).astype(np.float32)
 
 
 # ---------------------------------------------------------------- cuTile kernel
 @ct.kernel
-def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool):
+def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool,
+                AFFINE: ConstBool):
     """ROWS rows per block, each row held whole in one TILE_N tile (zero padded)."""
+    inputs_ready()
     i = ct.bid(0)
     x = ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO)
-    w = ct.load(W, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)
     if RMS:
-        rstd = ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
-        y = x * rstd * w[None, :]
+        y = x * ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
     else:
         mask = ct.arange(TILE_N, dtype=ct.int32) < X.shape[1]
         mean = ct.sum(x, axis=1, keepdims=True) * inv_n
         d = ct.where(mask[None, :], x - mean, 0.0)
-        rstd = ct.rsqrt(ct.sum(d * d, axis=1, keepdims=True) * inv_n + eps)
-        b = ct.load(B, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)
-        y = d * rstd * w[None, :] + b[None, :]
+        y = d * ct.rsqrt(ct.sum(d * d, axis=1, keepdims=True) * inv_n + eps)
+    if AFFINE:
+        y = y * ct.load(W, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
+        if not RMS:
+            y = y + ct.load(B, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
     ct.store(Y, index=(i, 0), tile=y)
 
 
@@ -65,8 +72,9 @@ def _norm_cupy(x, weight, bias, eps, rms):
     y = cupy.empty_like(x2)
     rows, tile_n = norm_config(n)
     grid = ((x2.shape[0] + rows - 1) // rows, 1, 1)
-    launch(grid, norm_kernel, (x2, weight, weight if bias is None else bias, y, float(eps), 1.0 / n,
-                               rows, tile_n, rms))
+    w = x2 if weight is None else weight
+    launch(grid, norm_kernel, (x2, w, w if bias is None else bias, y, float(eps), 1.0 / n,
+                               rows, tile_n, rms, weight is not None))
     return y.reshape(x.shape)
 
 
@@ -77,21 +85,23 @@ def _validate(x, weight, bias):
     n = x.shape[-1]
     if n > MAX_DIM:
         raise ValueError(f"x: last dimension at most {MAX_DIM} supported, got {n}")
-    check("weight", weight, shape=(n,))
-    if bias is not None:
-        check("bias", bias, shape=(n,))
+    if weight is None and bias is not None:
+        raise ValueError("bias: a norm with a bias needs its weight too")
+    for name, a in (("weight", weight), ("bias", bias)):
+        if a is not None:
+            check(name, a, shape=(n,))
     return kind
 
 
-def layernorm(x, weight, bias, eps: float = 1e-5):
-    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias."""
+def layernorm(x, weight=None, bias=None, eps: float = 1e-5):
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) [* weight + bias]."""
     if _validate(x, weight, bias) == "numpy":
         return layernorm_reference(x, weight, bias, eps)
     return _norm_cupy(x, weight, bias, eps, rms=False)
 
 
-def rmsnorm(x, weight, eps: float = 1e-6):
-    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
+def rmsnorm(x, weight=None, eps: float = 1e-6):
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) [* weight]."""
     if _validate(x, weight, None) == "numpy":
         return rmsnorm_reference(x, weight, eps)
     return _norm_cupy(x, weight, None, eps, rms=True)
@@ -99,20 +109,53 @@ def rmsnorm(x, weight, eps: float = 1e-6):
 
 @dataclass(frozen=True)
 class LayerNorm:
-    """A LayerNorm's parameters; calling it normalises x. linear(norm=...) fuses it."""
-    weight: Any
-    bias: Any
+    """A LayerNorm (weight and bias both None: statistics only); calling it normalises x."""
+    weight: Any = None
+    bias: Any = None
     eps: float = 1e-5
 
     def __call__(self, x):
         return layernorm(x, self.weight, self.bias, self.eps)
 
+    @property
+    def affine(self) -> bool:
+        return self.weight is not None
+
 
 @dataclass(frozen=True)
 class RMSNorm:
-    """An RMSNorm's parameters; calling it normalises x. linear(norm=...) fuses it."""
-    weight: Any
+    """An RMSNorm (weight None: statistics only); calling it normalises x."""
+    weight: Any = None
     eps: float = 1e-6
 
     def __call__(self, x):
         return rmsnorm(x, self.weight, self.eps)
+
+    @property
+    def affine(self) -> bool:
+        return self.weight is not None
+
+
+def fold_norm(norm: LayerNorm | RMSNorm, weight, bias=None):
+    """(plain norm, weight', bias') with linear(x, weight', bias', norm=plain norm) equal to
+    linear(x, weight, bias, norm=norm), as one folds a LayerNorm ahead of quantisation.
+
+    The norm's scale g and shift beta move into the projection: weight (N, K) -> weight * g,
+    bias -> bias + weight @ beta. For a LayerNorm each weight row is also centred (its mean
+    taken out), so that x @ weight'.T = (x - mean(x)) @ (weight * g).T for any x: the decode
+    kernels then need only the row's variance, summed on the fly, and no separate pass to
+    subtract the mean. The plain norm only standardises, so the decode path runs no norm kernel.
+    """
+    if not norm.affine:
+        return norm, weight, bias
+    backend(weight=weight, bias=bias, norm_weight=norm.weight)
+    check("weight", weight, shape=(None, norm.weight.shape[0]))
+    w64 = weight.astype(np.float64)
+    scaled = w64 * norm.weight.astype(np.float64)
+    if isinstance(norm, RMSNorm):
+        return RMSNorm(None, norm.eps), scaled.astype(np.float32), bias
+    centred = scaled - scaled.mean(axis=1, keepdims=True)
+    shift = w64 @ norm.bias.astype(np.float64)
+    if bias is not None:
+        shift = shift + bias
+    return LayerNorm(None, None, norm.eps), centred.astype(np.float32), shift.astype(np.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, launch, next_pow2
+from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
 
 ConstInt = ct.Constant[int]
 
@@ -37,6 +37,7 @@ def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: 
 @ct.kernel
 def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     """One token per block: all heads and channels as one (H_PAD, D_PAD) tile."""
+    inputs_ready()
     tok = ct.bid(0)
     b = tok // X.shape[1]
     t = tok % X.shape[1]

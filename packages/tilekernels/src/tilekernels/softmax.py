@@ -9,7 +9,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, launch, next_pow2
+from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
 
 ConstInt = ct.Constant[int]
 MAX_TILE = 4096
@@ -23,6 +23,7 @@ def softmax_reference(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 @ct.kernel
 def softmax_kernel(X, Y, TILE: ConstInt):
+    inputs_ready()
     row = ct.bid(0)
     chunks = ct.cdiv(X.shape[1], TILE)
     m = ct.full((1, 1), -float("inf"), dtype=ct.float32)
