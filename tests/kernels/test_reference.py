@@ -183,3 +183,11 @@ def test_split_qkv_rotates_and_stores(rng):
     np.testing.assert_allclose(kc[:, :, 2:5], rotated(heads[:, :, hq:hq + hkv]), rtol=1e-6)
     np.testing.assert_array_equal(vc[:, :, 2:5], heads[:, :, hq + hkv:].transpose(0, 2, 1, 3))
     assert not kc[:, :, :2].any() and not vc[:, :, 5:].any()
+
+
+def test_fold_layernorm_without_bias(rng):
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    w, g = rng.standard_normal((5, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    plain, fw, fb = tk.fold_norm(tk.LayerNorm(g, None), w)
+    assert fb is None
+    assert rel_err(tk.linear(x, fw, norm=plain), tk.linear(x, w, norm=tk.LayerNorm(g, None))) <= 1e-6

@@ -3,10 +3,11 @@
 weight is (N, K), the torch nn.Linear layout. Bias, activation, a gated unit (activation
 'swiglu': weight stacks [gate; up], y = silu(gate) * up) and the residual add are fused
 into the kernel's epilogue. A norm without parameters (fold_norm moved its scale and shift
-into the weights) is computed by the decode kernels themselves: each block takes the row
-statistics in one pass over x while its first weight tile, requested before the kernel waits
-for its input (dependent launch), is in flight. A norm with parameters, or any norm ahead of
-the large-M kernel, runs as its own kernel first.
+into the weights and centred the weight rows) is computed by the decode kernels themselves:
+each block sums the row's variance from the x tiles it streams anyway and scales the result
+in the epilogue. A norm with parameters, or any norm ahead of the large-M kernel, runs as its
+own kernel first. The decode kernels request their first weight tile before waiting for x
+(dependent launch: see _arrays.launch).
 
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each

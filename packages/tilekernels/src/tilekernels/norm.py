@@ -13,7 +13,7 @@ from typing import Any
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch, next_pow2, inputs_ready
+from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -97,6 +97,8 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5):
     """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) [* weight + bias]."""
     if _validate(x, weight, bias) == "numpy":
         return layernorm_reference(x, weight, bias, eps)
+    if weight is not None and bias is None:        # the kernel's affine step adds a bias
+        bias = array_module(weight).zeros_like(weight)
     return _norm_cupy(x, weight, bias, eps, rms=False)
 
 
@@ -154,8 +156,8 @@ def fold_norm(norm: LayerNorm | RMSNorm, weight, bias=None):
     scaled = w64 * norm.weight.astype(np.float64)
     if isinstance(norm, RMSNorm):
         return RMSNorm(None, norm.eps), scaled.astype(np.float32), bias
-    centred = scaled - scaled.mean(axis=1, keepdims=True)
-    shift = w64 @ norm.bias.astype(np.float64)
+    centred = (scaled - scaled.mean(axis=1, keepdims=True)).astype(np.float32)
+    shift = None if norm.bias is None else w64 @ norm.bias.astype(np.float64)
     if bias is not None:
-        shift = shift + bias
-    return LayerNorm(None, None, norm.eps), centred.astype(np.float32), shift.astype(np.float32)
+        shift = bias if shift is None else shift + bias
+    return LayerNorm(None, None, norm.eps), centred, None if shift is None else shift.astype(np.float32)
