@@ -42,6 +42,8 @@ def test_numpy_in_numpy_out():
     (lambda: tk.split_qkv(np.zeros((1, 2, 64), np.float32), *[np.zeros((1, 2, 4, 8), np.float32)] * 2,
                           np.zeros(1, np.int64), 4), "start: expected dtype int32"),
     (lambda: tk.layernorm(x, None, w), "bias: a norm with a bias needs its weight too"),
+    (lambda: tk.fold_norm((w, w), np.ones((4, 8), np.float32)), "norm: expected a LayerNorm or RMSNorm"),
+    (lambda: tk.fold_norm(tk.RMSNorm(w), np.ones((4, 5), np.float32)), r"weight: expected shape \(\*, 8\)"),
     (lambda: tk.gelu(x, approximate="fast"), "approximate: expected 'tanh' or 'none'"),
     (lambda: tk.attention(np.zeros((1, 3, 2, 8), np.float32), np.zeros((1, 2, 2, 8), np.float32),
                           np.zeros((1, 2, 2, 8), np.float32)), "multiple of key/value heads"),

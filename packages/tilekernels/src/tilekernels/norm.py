@@ -148,6 +148,8 @@ def fold_norm(norm: LayerNorm | RMSNorm, weight, bias=None):
     kernels then need only the row's variance, summed on the fly, and no separate pass to
     subtract the mean. The plain norm only standardises, so the decode path runs no norm kernel.
     """
+    if not isinstance(norm, (LayerNorm, RMSNorm)):
+        raise TypeError(f"norm: expected a LayerNorm or RMSNorm, got {type(norm).__name__}")
     if not norm.affine:
         return norm, weight, bias
     backend(weight=weight, bias=bias, norm_weight=norm.weight)
