@@ -1,18 +1,21 @@
 """Where a decode step spends its GPU time (GPU host).
 
-    python tools/profile_decode.py [--model gpt2|glm-asr] [--batch 1] [--context 64] [--out DIR]
+    python tools/profile_decode.py [--model gpt2|glm-asr] [--batch 1] [--context 64] [--plans library,fat-tma]
+                                   [--out DIR]
 
 gpt2 (124M) or the GLM-ASR-Nano text decoder, random weights: times one replay of the captured
 decode graph and the greedy chain per token, with programmatic dependent launch on and off (a
 graph captured for each), then lists each kernel's device time over 5 eager steps
 (torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike), taken with
 dependent launch off so that no kernel's time includes waiting for the one before it.
+--plans first times the replay under other rules for the batch-1 projections (PLANS).
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 import time
+from importlib import import_module
 from pathlib import Path
 
 import cupy
@@ -24,6 +27,8 @@ import tilekernels._arrays as tk_arrays
 from benchlib import gpu_name, versions, write_result
 from gpt.graph import DecodeGraph
 from gpt.model import GPT
+
+lin = import_module("tilekernels.linear")     # the module (tilekernels.linear is the op)
 
 
 def gpt2(batch: int, context: int):
@@ -65,11 +70,52 @@ def glm_asr(batch: int, context: int):
     return (lambda i, p: model.step(model.w["embed"][i], p, cache)), cache
 
 
+LIBRARY_PLAN = lin.linear_plan
+
+
+def gemv_heads(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
+    """The library's rule with the GEMV for vocabulary heads too."""
+    return LIBRARY_PLAN(m, min(n, 4096) if m == 1 else n, k, glu, sms)
+
+
+def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
+    """The previous rule: 8-32 rows per block, TMA loads, the mma kernel for wide heads."""
+    if m == 1 and n <= (8192 if glu else 4096):
+        tn = (8 if k > 1024 else 16) if n < 1024 else (16 if glu or n < 2304 else 32)
+        return "gemv", (tn, 512 if k >= 2048 and tn <= 16 and not glu else 256), True
+    return LIBRARY_PLAN(m, n, k, glu, sms)
+
+
+PLANS = {"library": LIBRARY_PLAN, "gemv-heads": gemv_heads, "fat-tma": fat_tma}
+
+
+def time_graph(step, cache, ids, pos, t: int, stream) -> tuple[float, float]:
+    """(us per graph replay, us per token of a 200-step greedy chain) of a fresh DecodeGraph."""
+    graph = DecodeGraph(step, cache)
+    for _ in range(5):
+        cache.length = t
+        graph(ids, pos)
+    stream.synchronize()
+    start = time.perf_counter()
+    for _ in range(100):
+        cache.length = t
+        graph(ids, pos)
+    stream.synchronize()
+    replay = (time.perf_counter() - start) * 1e4
+    cache.length = t
+    start = time.perf_counter()
+    n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
+    stream.synchronize()
+    return replay, (time.perf_counter() - start) / n * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("gpt2", "glm-asr"), default="gpt2")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--plans", type=lambda v: v.split(","), default=[],
+                    help=f"also time whole steps under these GEMV plans: {', '.join(PLANS)}")
     ap.add_argument("--out")
     args = ap.parse_args()
     b, t = args.batch, args.context
@@ -78,24 +124,15 @@ def main():
               "context": t}
     with cupy.cuda.Stream(non_blocking=True) as stream:
         step, cache = (gpt2 if args.model == "gpt2" else glm_asr)(b, t)
+        for name in args.plans:
+            lin.linear_plan = PLANS[name]
+            replay, _ = time_graph(step, cache, ids, pos, t, stream)
+            result.setdefault("gemv_plans_replay_us", {})[name] = round(replay, 1)
+            print(f"GEMV plan {name}: graph replay {replay:.1f} us per step")
+        lin.linear_plan = LIBRARY_PLAN
         for dependent in (True, False):
             tk_arrays.DEPENDENT_LAUNCH = dependent
-            graph = DecodeGraph(step, cache)
-            for _ in range(5):
-                cache.length = t
-                graph(ids, pos)
-            stream.synchronize()
-            start = time.perf_counter()
-            for _ in range(100):
-                cache.length = t
-                graph(ids, pos)
-            stream.synchronize()
-            replay = (time.perf_counter() - start) * 1e4
-            cache.length = t
-            start = time.perf_counter()
-            n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
-            stream.synchronize()
-            chain = (time.perf_counter() - start) / n * 1e6
+            replay, chain = time_graph(step, cache, ids, pos, t, stream)
             key = "dependent_launch" if dependent else "plain_launch"
             result[key] = {"graph_replay_us": round(replay, 1), "greedy_us_per_token": round(chain, 1),
                            "tokens_per_s": round(1e6 / chain, 1)}

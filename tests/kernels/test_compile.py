@@ -54,13 +54,15 @@ def specializations():
               (False, act.SILU, True, False, linear.RMS), (False, 0, False, False, linear.NO_NORM)]
     for bias, code, glu, res, nrm in decode:
         name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}"
-        gemv_tiles = (16, 256) if glu else (16, 512) if nrm == linear.RMS else (32, 256)
+        gemv_tiles = (1, 2048) if glu or nrm == linear.RMS else (2, 1024)
         out.append((f"gemv-{name}", linear.gemv_kernel,
-                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm]))
+                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, False]))
         for precise in (False, True):
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
                         [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *(linear.SKINNY_GLU if glu else linear.SKINNY),
                          bias, code, glu, res, nrm, precise]))
+    out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, 32, 256,
+                                                  True, 0, False, False, linear.LAYER, True]))
     for bias, code, glu, res in ((True, 0, False, False), (True, 0, False, True), (True, act.GELU_ERF, False, False),
                                  (True, act.GELU_TANH, False, False), (False, 0, False, False),
                                  (False, 0, False, True), (False, act.SILU, True, False)):
@@ -80,10 +82,10 @@ def specializations():
         for causal, precise in ((False, False), (True, False), (False, True)):
             out.append((f"flash-{d}-{causal}-p{precise}", attention.flash_kernel,
                         [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal, precise]))
-        for precise in (False, True):
-            out.append((f"decode-{d}-p{precise}", attention.decode_split_kernel,
-                        [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), iarr(1), iarr(1), F32, I32,
-                         d, 16, attention.DECODE_TILE_N, precise]))
+        for precise, final in ((False, False), (True, False), (False, True)):
+            out.append((f"decode-{d}-p{precise}-final{final}", attention.decode_split_kernel,
+                        [arr(4), arr(4, False), arr(4, False), arr(5), arr(4), arr(4), arr(4), iarr(1), iarr(1), F32,
+                         I32, d, 16, attention.DECODE_TILE_N, precise, final]))
         out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(5), arr(4), arr(4), arr(4), I32, d]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,

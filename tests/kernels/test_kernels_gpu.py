@@ -40,7 +40,7 @@ def test_activations(poisoned, rng, n):
 
 
 @pytest.mark.parametrize("m", [1, 7, 16, 17, 769])
-@pytest.mark.parametrize("k,n", [(7, 1), (768, 2304), (1281, 769), (5120, 4096)])
+@pytest.mark.parametrize("k,n", [(7, 1), (768, 2304), (1281, 769), (5120, 4096), (9000, 33)])
 @pytest.mark.parametrize("act", [None, "gelu"])
 def test_linear(poisoned, rng, m, k, n, act):
     (x, gx), (w, gw), (b, gb) = pair(rng, m, k), pair(rng, n, k), pair(rng, n)
@@ -239,6 +239,25 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
     start = np.array([0, 17, tk_ - tq], np.int32)
     ref = tk.attention(q, k, v, causal=True, kv_start=start)
     got = tk.attention(gq, gk, gv, causal=True, kv_start=cupy.asarray(start))
+    assert rel_err(got, ref) <= TF32
+
+
+@pytest.mark.parametrize("g,tk_,per,splits", [(1, 300, 5, 1), (1, 300, 1, 5), (1, 300, 2, 3), (4, 777, 13, 1),
+                                               (4, 777, 3, 5), (2, 1, 1, 1)])
+def test_decode_single_pass_and_split_plans(poisoned, rng, g, tk_, per, splits):
+    """Every decode plan: one pass that normalises in place, or chunks and the merge kernel;
+    left padding and a device length shorter than the cache included."""
+    import cupy
+
+    from tilekernels.attention import LOG2E, decode_cupy
+
+    d = 128 if g > 1 else 64
+    (q, gq), (k, gk), (v, gv) = pair(rng, 2, 2 * g, 1, d), pair(rng, 2, 2, tk_, d), pair(rng, 2, 2, tk_, d)
+    n = max(1, tk_ - 9)
+    start = np.array([0, n // 3], np.int32)
+    ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True,
+                       kv_start=start)
+    got = decode_cupy(gq, gk, gv, cupy.asarray(start), cupy.full(1, n, cupy.int32), LOG2E / np.sqrt(d), per, splits)
     assert rel_err(got, ref) <= TF32
 
 

@@ -89,8 +89,8 @@ def tile_erfc(z):
 
 def tile_activation(x, ACT):
     """Apply activation code ACT (a compile-time constant) to a float32 tile."""
-    if ACT == GELU_TANH:
-        return 0.5 * x * (1.0 + ct.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    if ACT == GELU_TANH:    # 0.5 (1 + tanh u) = sigmoid(2u): no cancellation in the negative tail
+        return x / (1.0 + ct.exp(-2.0 * SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
     elif ACT == GELU_ERF:
         return 0.5 * x * tile_erfc(x * -INV_SQRT2)
     elif ACT == SILU:

@@ -8,8 +8,9 @@ k/v may be views into a longer KV cache (unit stride on the last axis only).
 
 Tq = 1 (decode) takes a split-KV path: the key range is cut into chunks processed by
 separate blocks, all query heads of one KV head together, and a second kernel merges
-the partial softmax states, so a single query still fills the GPU. (Merging in the last
-block to finish, counted with an atomic, was tried and measured slower.)
+the partial softmax states, so a single query still fills the GPU (a one-chunk plan is
+normalised in place, with no merge). (Merging in the last block to
+finish, counted with an atomic, was tried and measured slower.)
 """
 from __future__ import annotations
 
@@ -107,14 +108,16 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_per_split: int,
-                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt, PRECISE: ConstBool):
+def decode_split_kernel(Q, K, V, PO, PM, PL, O, KS, KL, scale_log2: float, tiles_per_split: int,
+                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt, PRECISE: ConstBool, FINAL: ConstBool):
     """Partial attention of the G query heads of one KV head over one chunk of keys.
 
     Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
     unnormalised, with their row max PM and sum PL (B, Hkv, S, G_PAD), in log2 units.
     KL[0] is the number of valid keys, read on the device so that one captured CUDA
     graph serves every decode step; chunks past it come out empty (max -inf, sum 0).
+    FINAL (a single chunk holds every key): the normalised output goes straight to O,
+    viewed as (B, Hkv, G, D), and no merge kernel runs.
     """
     inputs_ready()
     split = ct.bid(0)
@@ -138,9 +141,12 @@ def decode_split_kernel(Q, K, V, PO, PM, PL, KS, KL, scale_log2: float, tiles_pe
         key = j * TILE_N + cols
         s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
         m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE)
-    ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
-    ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
-    ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
+    if FINAL:
+        ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc / l, (1, 1, G_PAD, D)))
+    else:
+        ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
+        ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
+        ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
 
 
 @ct.kernel
@@ -166,11 +172,40 @@ FLASH_TILES = {64: (64, 64), 128: (64, 64)}   # D -> (TILE_M, TILE_N)
 
 
 def decode_splits(tk: int, units: int, sms: int = 132) -> tuple[int, int]:
-    """(tiles per split, number of splits) so that units * splits fills the GPU twice."""
+    """(key tiles per split, number of splits) so that units * splits fills the GPU twice.
+
+    tools/sweep_decode_attention.py: a block's key tiles run one after another, latency
+    bound (load, mma, softmax, load, mma: ~1.5 us a tile), so many short chunks and a merge
+    beat long chunks; a cache of one tile is one chunk, normalised in place."""
     tiles = -(-tk // DECODE_TILE_N)
     want = min(tiles, MAX_SPLITS, max(1, -(-2 * sms // units)))
     per = -(-tiles // want)
     return per, -(-tiles // per)
+
+
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, tile_n: int = DECODE_TILE_N):
+    """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles of tile_n keys each,
+    merged by a second kernel unless there is one chunk (tools time plans through this)."""
+    import cupy
+
+    bsz, hq, _, d = q.shape
+    hkv = k.shape[1]
+    group = hq // hkv
+    out = cupy.empty_like(q)
+    g_pad = max(16, next_pow2(group))
+    qg = q.reshape(bsz, hkv, group, d)
+    if splits == 1:
+        launch((1, bsz * hkv, 1), decode_split_kernel,
+               (qg, k, v, q, q, q, out.reshape(qg.shape), kv_start, kv_len, scale_log2, per, d, g_pad, tile_n,
+                precise(), True))
+        return out
+    po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
+    pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
+    pl = cupy.empty_like(pm)
+    launch((splits, bsz * hkv, 1), decode_split_kernel,
+           (qg, k, v, po, pm, pl, q, kv_start, kv_len, scale_log2, per, d, g_pad, tile_n, precise(), False))
+    launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
+    return out
 
 
 def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
@@ -178,27 +213,17 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
 
     bsz, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
-    group = hq // hkv
-    out = cupy.empty_like(q)
-    if out.size == 0:
-        return out
+    if q.size == 0:
+        return cupy.empty_like(q)
     scale_log2 = float(scale) * LOG2E
     if tq == 1:
         if kv_len is None:
             kv_len = cupy.full(1, tk, dtype=cupy.int32)
-        per, splits = decode_splits(tk, bsz * hkv, sm_count())
-        g_pad = max(16, next_pow2(group))
-        po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
-        pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
-        pl = cupy.empty_like(pm)
-        qg = q.reshape(bsz, hkv, group, d)
-        launch((splits, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, po, pm, pl, kv_start, kv_len, scale_log2, per, d, g_pad, DECODE_TILE_N, precise()))
-        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
-        return out
+        return decode_cupy(q, k, v, kv_start, kv_len, scale_log2, *decode_splits(tk, bsz * hkv, sm_count()))
+    out = cupy.empty_like(q)
     tm, tn = FLASH_TILES.get(d, (64, 64))
     launch((-(-tq // tm), bsz * hq, 1), flash_kernel,
-           (q, k, v, out, kv_start, scale_log2, group, d, tm, tn, bool(causal), precise()))
+           (q, k, v, out, kv_start, scale_log2, hq // hkv, d, tm, tn, bool(causal), precise()))
     return out
 
 

@@ -11,9 +11,9 @@ own kernel first. The decode kernels request their first weight tile before wait
 
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
-  block owns a few output rows over all of K, so there is no split-K reduction.
-- M <= 16 (batched decode, and M = 1 with a wide N): weights as the A operand of a TF32
-  mma, 64 output columns per block against up to 16 rows of x.
+  block owns one or two output rows over all of K, so there is no split-K reduction.
+- M <= 16 (batched decode, and M = 1 with a vocabulary-wide N): weights as the A operand
+  of a TF32 mma, 64 output columns per block against up to 16 rows of x.
 - larger M: 128x128 TF32 tiles in grouped order for L2 reuse, split over K (second
   kernel reduces and applies the epilogue) when the output tiles cannot fill the GPU;
 Measured on an H200 (benchmarks/results/kernels-h200.md) to pick these shapes.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, inputs_ready, launch, sm_count
+from ._arrays import backend, check, inputs_ready, launch, next_pow2, sm_count
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import precise, tf32_mma
@@ -82,7 +82,7 @@ def first_column(X, bm, TILE_M: int, NORM: int):
     """x0 of norm_input: each row's first element for LAYER (zeros otherwise)."""
     x0 = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
     if NORM == LAYER:
-        x0 = ct.load(X, index=(bm, 0), shape=(TILE_M, 1), padding_mode=ct.PaddingMode.ZERO)
+        x0 = ct.load(X, index=(bm, 0), shape=(TILE_M, 1), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
     return x0
 
 
@@ -93,27 +93,32 @@ def epilogue(acc, up, rstd, Bias, R, Y, bm, bn, TILE_M: int, TILE_N: int,
         acc = acc * rstd
         up = up * rstd
     if HAS_BIAS:
-        acc = acc + ct.load(Bias, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
+        acc = acc + ct.load(Bias, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO,
+                            allow_tma=False)[None, :]
     acc = tile_activation(acc, ACT)
     if GLU:
         acc = acc * up
     if RESID:
-        acc = acc + ct.load(R, index=(bm, bn), shape=(TILE_M, TILE_N), padding_mode=ct.PaddingMode.ZERO)
+        acc = acc + ct.load(R, index=(bm, bn), shape=(TILE_M, TILE_N), padding_mode=ct.PaddingMode.ZERO,
+                            allow_tma=False)
     ct.store(Y, index=(bm, bn), tile=acc)
 
 
-def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
-    """Weight tile k of rows bn (and of the up half for GLU); zeros past the end of K."""
-    w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
+    """Weight tile k of rows bn (and of the up half for GLU); zeros past the end of K.
+    TMA=False loads straight into registers: plain loads issued before inputs_ready() are
+    in flight while the kernel waits, where the compiler's TMA pipeline only starts after
+    the wait (seen in the SASS)."""
+    w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=TMA)
     w2 = w
     if GLU:
-        w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+        w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=TMA)
     return w, w2
 
 
 # ---------------------------------------------------------------- kernels
 def gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int):
-    x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
     x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
     acc = acc + w * x
     if GLU:
@@ -123,20 +128,22 @@ def gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NO
 
 @ct.kernel
 def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
-                HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt):
+                HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
+                TMA: ConstBool):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
     elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
-    first weight tile is requested before the kernel waits for x (dependent launch)."""
+    first weight tile (all of K when TILE_K covers it) is requested before the kernel
+    waits for x (dependent launch); see weight_tiles for TMA."""
     bn = ct.bid(0)
     m = ct.bid(1)
-    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU)
+    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, TMA)
     inputs_ready()
     x0 = first_column(X, m, 1, NORM)
     zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
     stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
     acc, acc2, s1, s2 = gemv_chunk(X, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM)
     for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
-        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
         acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
     y = ct.reshape(ct.sum(acc, axis=1), (1, TILE_N))
     up = ct.reshape(ct.sum(acc2, axis=1), (1, TILE_N))
@@ -163,7 +170,7 @@ def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: Co
     A operand (TILE_N, TILE_K), x transposed the B operand, so N fills the tensor-core M."""
     bn = ct.bid(0)
     bm = ct.bid(1)
-    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU)
+    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, True)
     inputs_ready()
     x0 = first_column(X, bm, TILE_M, NORM)
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
@@ -171,7 +178,7 @@ def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: Co
     acc, acc2, s1, s2 = skinny_chunk(X, bm, 0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
                                      PRECISE)
     for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
-        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, True)
         acc, acc2, s1, s2 = skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
                                          PRECISE)
     epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps), Bias, R, Y, bm, bn,
@@ -237,17 +244,17 @@ REDUCE_TILE = 256
 
 
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
-    """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K)),
+    """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K), tma),
     ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
 
-    GEMV tiles from tools/sweep_gemv.py (benchmarks/results/gemv-sweep-*.json): about one
-    block per SM or fewer, fat ones, beats many thin blocks on every decode shape measured."""
+    Batch-1 projections: thin GEMV blocks of one or two rows whose weight slice is one tile
+    over all of K (up to 2048 wide, or 8192 for longer rows), loaded without TMA so the loads
+    are issued before the kernel waits for x; vocabulary heads (N > 4096) on the mma kernel.
+    Chosen on whole decode steps (tools/profile_decode.py --plans, benchmarks/results/
+    decode-profile-*.json), tiles from tools/sweep_gemv.py."""
     if m == 1 and n <= (8192 if glu else 4096):
-        if n < 1024:
-            tn = 8 if k > 1024 else 16
-        else:
-            tn = 16 if glu or n < 2304 else 32
-        return "gemv", (tn, 512 if k >= 2048 and tn <= 16 and not glu else 256)
+        tk = min(next_pow2(k), 2048 if k <= 4096 else 8192)
+        return "gemv", (max(1, 2048 // tk), tk), False
     if m <= 16:
         return "skinny", SKINNY_GLU if glu else SKINNY
     tm, tn, tk = tiles = GLU_LARGE_M if glu else LARGE_M
@@ -279,8 +286,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     r = y if residual is None else residual.reshape(m, n)
     flags = (bias is not None, act, glu, residual is not None)
     if plan[0] == "gemv":
-        tn, tk = plan[1]
-        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, eps, tn, tk, *flags, code))
+        (tn, tk), tma = plan[1:]
+        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, eps, tn, tk, *flags, code, tma))
     elif plan[0] == "skinny":
         tm, tn, tk = plan[1]
         launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
