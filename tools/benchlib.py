@@ -1,6 +1,7 @@
 """Shared pieces of the GPU benchmark and parity tools: timing, versions, result files."""
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 import statistics
@@ -77,6 +78,23 @@ def graph_ms_cupy(fn, inner: int = 20, reps: int = 10) -> float:
             stop.synchronize()
             times.append(cupy.cuda.get_elapsed_time(start, stop) / inner)
     return statistics.median(times)
+
+
+def copies_for(nbytes: int) -> int:
+    """How many copies of nbytes of operands make 256 MB (five times an H100's L2), at least 2."""
+    return max(2, -(-(256 << 20) // nbytes))
+
+
+def rotating_ms(inputs: list, fn) -> float:
+    """Per-call device ms of fn(item) chained over the distinct operand copies `inputs` in one
+    CUDA graph (graph_ms_cupy), so every call reads its operands from HBM; frees them after."""
+    import cupy
+
+    calls = itertools.cycle(inputs)
+    ms = graph_ms_cupy(lambda: fn(next(calls)), inner=len(inputs), reps=5)
+    inputs.clear()
+    cupy.get_default_memory_pool().free_all_blocks()
+    return ms
 
 
 def graph_ms_torch(fn, inner: int = 20, reps: int = 10) -> float:

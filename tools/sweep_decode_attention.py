@@ -16,7 +16,7 @@ from importlib import import_module
 
 import cupy
 
-from benchlib import graph_ms_cupy, gpu_name, versions, write_result
+from benchlib import copies_for, gpu_name, rotating_ms, versions, write_result
 
 attn = import_module("tilekernels.attention")     # the module (tilekernels.attention is the op)
 
@@ -36,21 +36,12 @@ def plans(tiles: int) -> list[tuple[int, int]]:
 
 def chain(hq: int, hkv: int, d: int, keys: int, per: int, splits: int) -> float:
     """Per-call ms of the plan over rotating caches."""
-    copies = max(2, -(-(256 << 20) // (2 * hkv * keys * d * 4)))
     caches = [(cupy.random.standard_normal((1, hkv, keys, d), dtype=cupy.float32),
-               cupy.random.standard_normal((1, hkv, keys, d), dtype=cupy.float32)) for _ in range(copies)]
+               cupy.random.standard_normal((1, hkv, keys, d), dtype=cupy.float32))
+              for _ in range(copies_for(2 * hkv * keys * d * 4))]
     q = cupy.random.standard_normal((1, hq, 1, d), dtype=cupy.float32)
     start, length = cupy.zeros(1, cupy.int32), cupy.full(1, keys, cupy.int32)
-    calls = itertools.cycle(caches)
-
-    def one():
-        k, v = next(calls)
-        attn.decode_cupy(q, k, v, start, length, attn.LOG2E / d ** 0.5, per, splits)
-
-    ms = graph_ms_cupy(one, inner=copies, reps=5)
-    del caches
-    cupy.get_default_memory_pool().free_all_blocks()
-    return ms
+    return rotating_ms(caches, lambda kv: attn.decode_cupy(q, *kv, start, length, attn.LOG2E / d ** 0.5, per, splits))
 
 
 def main():

@@ -20,7 +20,7 @@ import cupy
 
 import tilekernels._arrays as tk_arrays
 from tilekernels._arrays import next_pow2
-from benchlib import graph_ms_cupy, gpu_name, versions, write_result
+from benchlib import copies_for, gpu_name, rotating_ms, versions, write_result
 
 lin = import_module("tilekernels.linear")     # the module (tilekernels.linear is the op)
 
@@ -37,15 +37,12 @@ GEMV = [(tn, tk) for tn, tk in itertools.product((1, 2, 4, 8, 16, 32), (256, 512
 def chain(k: int, n: int, gated: bool, kind: str, tiles: tuple) -> float:
     """Per-call ms of the projection over rotating weight copies."""
     rows = 2 * n if gated else n
-    copies = max(2, -(-(256 << 20) // (rows * k * 4)))
-    ws = [cupy.random.standard_normal((rows, k), dtype=cupy.float32) * 0.02 for _ in range(copies)]
+    ws = [cupy.random.standard_normal((rows, k), dtype=cupy.float32) * 0.02 for _ in range(copies_for(rows * k * 4))]
     x = cupy.random.standard_normal((1, k), dtype=cupy.float32)
     y = cupy.empty((1, n), cupy.float32)
     act = lin.SILU if gated else 0
-    calls = itertools.cycle(ws)
 
-    def one():
-        w = next(calls)
+    def one(w):
         w1, w2 = (w[:n], w[n:]) if gated else (w, w)
         flags = (False, act, gated, False, lin.NO_NORM)
         if kind == "gemv":
@@ -55,10 +52,7 @@ def chain(k: int, n: int, gated: bool, kind: str, tiles: tuple) -> float:
             tm, tn, tk = tiles
             tk_arrays.launch((-(-n // tn), 1, 1), lin.skinny_kernel, (x, w1, w2, w, y, y, 0.0, tm, tn, tk, *flags, False))
 
-    ms = graph_ms_cupy(one, inner=copies, reps=5)
-    del ws
-    cupy.get_default_memory_pool().free_all_blocks()
-    return ms
+    return rotating_ms(ws, one)
 
 
 def main():
