@@ -12,7 +12,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch
-from .rope import rope_reference
+from .rope import rope_reference, rotate_half
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -43,14 +43,7 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, COS, SIN, half: int, D: ConstInt, RO
     c = ct.arange(D, dtype=ct.int32)
     x = ct.reshape(ct.load(QKV, index=(b, t, h, 0), shape=(1, 1, 1, D)), (D,))
     if ROPE:
-        first = c < half
-        rotated = c < 2 * half
-        partner = ct.where(first, c + half, ct.where(rotated, c - half, c))
-        freq = ct.where(first, c, c - half)
-        cos = ct.where(rotated, ct.gather(COS, (b, t, freq)), 1.0)
-        sin = ct.where(rotated, ct.gather(SIN, (b, t, freq)), 0.0)
-        xr = ct.gather(QKV, (b, t, h, partner))
-        x = ct.where(h < hq + hkv, x * cos + ct.where(first, -1.0, 1.0) * xr * sin, x)
+        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, half), x)
     y = ct.reshape(x, (1, 1, 1, D))
     if h < hq:
         ct.store(Q, index=(b, h, t, 0), tile=y)

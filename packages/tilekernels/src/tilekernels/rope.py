@@ -34,6 +34,20 @@ def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: 
     return out
 
 
+def rotate_half(X, x, b, t, h, c, COS, SIN, half):
+    """Tile helper: x, channels c of heads h of token (b, t) of X (B, T, H, D), rotated in the
+    half-split form over the first 2 * half channels (the rest pass through); the partner
+    channels are gathered from X, cos and sin from COS, SIN (B, T, half)."""
+    first = c < half
+    rotated = c < 2 * half
+    partner = ct.where(first, c + half, ct.where(rotated, c - half, c))
+    freq = ct.where(first, c, c - half)
+    cos = ct.where(rotated, ct.gather(COS, (b, t, freq)), 1.0)
+    sin = ct.where(rotated, ct.gather(SIN, (b, t, freq)), 0.0)
+    xr = ct.gather(X, (b, t, h, partner))
+    return x * cos + ct.where(first, -1.0, 1.0) * xr * sin
+
+
 @ct.kernel
 def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     """One token per block: all heads and channels as one (H_PAD, D_PAD) tile."""
@@ -43,16 +57,8 @@ def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     t = tok % X.shape[1]
     h = ct.arange(H_PAD, dtype=ct.int32)[:, None]
     c = ct.arange(D_PAD, dtype=ct.int32)[None, :]
-    first = c < half
-    rotated = c < 2 * half
-    partner = ct.where(first, c + half, ct.where(rotated, c - half, c))
-    freq = ct.where(first, c, c - half)
     x = ct.gather(X, (b, t, h, c))
-    xr = ct.gather(X, (b, t, h, partner))
-    cos = ct.where(rotated, ct.gather(COS, (b, t, freq)), 1.0)
-    sin = ct.where(rotated, ct.gather(SIN, (b, t, freq)), 0.0)
-    sign = ct.where(first, -1.0, 1.0)
-    ct.scatter(Y, (b, t, h, c), x * cos + sign * xr * sin)
+    ct.scatter(Y, (b, t, h, c), rotate_half(X, x, b, t, h, c, COS, SIN, half))
 
 
 def rope(x, cos, sin, rotary_dim: int | None = None):
