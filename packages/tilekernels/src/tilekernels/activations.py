@@ -46,8 +46,9 @@ def _erfc_reference(z: np.ndarray) -> np.ndarray:
 
 def gelu_reference(x: np.ndarray, approximate: str = "tanh") -> np.ndarray:
     x64 = x.astype(np.float64)
-    if approximate == "tanh":
-        y = 0.5 * x64 * (1.0 + np.tanh(SQRT_2_OVER_PI * (x64 + 0.044715 * x64 ** 3)))
+    if approximate == "tanh":    # 0.5 (1 + tanh u) as sigmoid(2u), exact in the negative tail too
+        with np.errstate(over="ignore"):
+            y = x64 / (1.0 + np.exp(-2.0 * SQRT_2_OVER_PI * (x64 + 0.044715 * x64 ** 3)))
     else:
         y = 0.5 * x64 * _erfc_reference(-x64 * INV_SQRT2)
     return y.astype(np.float32)
