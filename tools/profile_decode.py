@@ -89,6 +89,15 @@ def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
 PLANS = {"library": LIBRARY_PLAN, "gemv-heads": gemv_heads, "fat-tma": fat_tma}
 
 
+def plan_names(value: str) -> list[str]:
+    """--plans: comma-separated names of PLANS."""
+    names = value.split(",")
+    unknown = [n for n in names if n not in PLANS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown plan {', '.join(unknown)}; choose from {', '.join(PLANS)}")
+    return names
+
+
 def time_graph(step, cache, ids, pos, t: int, stream) -> tuple[float, float]:
     """(us per graph replay, us per token of a 200-step greedy chain) of a fresh DecodeGraph."""
     graph = DecodeGraph(step, cache)
@@ -114,7 +123,7 @@ def main():
     ap.add_argument("--model", choices=("gpt2", "glm-asr"), default="gpt2")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--plans", type=lambda v: v.split(","), default=[],
+    ap.add_argument("--plans", type=plan_names, default=[],
                     help=f"also time whole steps under these GEMV plans: {', '.join(PLANS)}")
     ap.add_argument("--out")
     args = ap.parse_args()

@@ -6,8 +6,8 @@ into the kernel's epilogue. A norm without parameters (fold_norm moved its scale
 into the weights and centred the weight rows) is computed by the decode kernels themselves:
 each block sums the row's variance from the x tiles it streams anyway and scales the result
 in the epilogue. A norm with parameters, or any norm ahead of the large-M kernel, runs as its
-own kernel first. The decode kernels request their first weight tile before waiting for x
-(dependent launch: see _arrays.launch).
+own kernel first. The GEMV issues its weight loads before waiting for x (dependent
+launch: see _arrays.launch).
 
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
