@@ -8,7 +8,8 @@ decode graph and the greedy chain per token, with programmatic dependent launch 
 graph captured for each), then lists each kernel's device time over 5 eager steps
 (torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike), taken with
 dependent launch off so that no kernel's time includes waiting for the one before it.
---plans first times the replay under other rules for the batch-1 projections (PLANS).
+--plans first times the replay under other rules for the batch-1 projections or the decode
+attention route (PLANS), each in a graph of its own.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import tilekernels as tk
 import tilekernels._arrays as tk_arrays
 from benchlib import gpu_name, versions, write_result
 from gpt.graph import DecodeGraph
+from gpt.kvcache import KVCache
 from gpt.model import GPT
 
 lin = import_module("tilekernels.linear")     # the module (tilekernels.linear is the op)
@@ -67,7 +69,7 @@ def glm_asr(batch: int, context: int):
     model = GlmAsr(cfg, w)
     cache = model.new_cache(context + 300)
     model.forward(rand(1, context, n), cache)
-    return (lambda i, p: model.step(model.w["embed"][i], p, cache)), cache
+    return (lambda i, p: model.step(model.w["embed"][i], cache)), cache
 
 
 LIBRARY_PLAN = lin.linear_plan
@@ -86,7 +88,30 @@ def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
     return LIBRARY_PLAN(m, n, k, glu, sms)
 
 
-PLANS = {"library": LIBRARY_PLAN, "gemv-heads": gemv_heads, "fat-tma": fat_tma}
+LIBRARY_ATTEND = KVCache.attend
+
+
+def split_then_attend(cache: KVCache, layer: int, qkv, heads: int, scale: float):
+    """The previous decode attention: split_qkv's kernel stores k, v, then attention reads them."""
+    if qkv.shape[1] != 1:
+        return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
+    cos = sin = None
+    if cache.rope is not None:
+        pos = cache.span[:1][None] - cache.kv_start[:, None]            # (B, 1), on the device
+        cos, sin = cache.rope[0][pos], cache.rope[1][pos]
+    q = tk.split_qkv(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, cos, sin)
+    return tk.attention(q, cache.k[layer], cache.v[layer], True, scale, cache.kv_start, cache.span[1:])
+
+
+# whole-step variants: the batch-1 projection rule and the decode attention route
+PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
+         "split-qkv": {"attend": split_then_attend}}
+
+
+def use_plan(name: str) -> None:
+    plan = PLANS[name]
+    lin.linear_plan = plan.get("linear_plan", LIBRARY_PLAN)
+    KVCache.attend = plan.get("attend", LIBRARY_ATTEND)
 
 
 def plan_names(value: str) -> list[str]:
@@ -124,7 +149,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--plans", type=plan_names, default=[],
-                    help=f"also time whole steps under these GEMV plans: {', '.join(PLANS)}")
+                    help=f"also time whole steps under these plans: {', '.join(PLANS)}")
     ap.add_argument("--out")
     args = ap.parse_args()
     b, t = args.batch, args.context
@@ -134,11 +159,11 @@ def main():
     with cupy.cuda.Stream(non_blocking=True) as stream:
         step, cache = (gpt2 if args.model == "gpt2" else glm_asr)(b, t)
         for name in args.plans:
-            lin.linear_plan = PLANS[name]
+            use_plan(name)
             replay, _ = time_graph(step, cache, ids, pos, t, stream)
-            result.setdefault("gemv_plans_replay_us", {})[name] = round(replay, 1)
-            print(f"GEMV plan {name}: graph replay {replay:.1f} us per step")
-        lin.linear_plan = LIBRARY_PLAN
+            result.setdefault("plans_replay_us", {})[name] = round(replay, 1)
+            print(f"plan {name}: graph replay {replay:.1f} us per step")
+        use_plan("library")
         for dependent in (True, False):
             tk_arrays.DEPENDENT_LAUNCH = dependent
             replay, chain = time_graph(step, cache, ids, pos, t, stream)

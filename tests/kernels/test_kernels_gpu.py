@@ -152,6 +152,30 @@ def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
         assert bool(cupy.isnan(rest).all())
 
 
+@pytest.mark.parametrize("b,hq,hkv,d,t_max,rope", [(1, 12, 12, 64, 1024, 0), (1, 16, 4, 128, 777, 128),
+                                                   (3, 8, 2, 64, 300, 32), (2, 2, 1, 128, 1, 128)])
+def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
+    """The fused decode kernel against split_qkv + attention in float64: the new k, v land at
+    slot `start` and nowhere else; slots past it hold NaN, which must never reach the output."""
+    import cupy
+
+    for s in sorted({0, 1, 63, 64, 65, 300, t_max - 1} & set(range(t_max))):
+        (qkv, gqkv) = pair(rng, b, 1, (hq + 2 * hkv) * d)
+        kc, vc = rng.standard_normal((2, b, hkv, t_max, d)).astype(np.float32)
+        kc[:, :, s:] = vc[:, :, s:] = np.nan
+        gk, gv = cupy.asarray(kc), cupy.asarray(vc)
+        kv_start = np.array([0, s // 3, s][:b], np.int32)
+        table = tk.rope_cos_sin(np.arange(t_max), rope) if rope else (None, None)
+        gtable = tuple(cupy.asarray(a) for a in table) if rope else table
+        ref = tk.decode_attention(qkv, kc, vc, np.array([s], np.int32), hq, None, kv_start, *table, rope or None)
+        got = tk.decode_attention(gqkv, gk, gv, cupy.array([s], np.int32), hq, None, cupy.asarray(kv_start),
+                                  *gtable, rope or None)
+        assert rel_err(got, ref) <= TF32, s
+        assert rel_err(gk[:, :, s], kc[:, :, s]) <= FP32, s
+        assert rel_err(gv[:, :, :s + 1], vc[:, :, :s + 1]) == 0.0, s
+        assert bool(cupy.isnan(gk[:, :, s + 1:]).all()) and bool(cupy.isnan(gv[:, :, s + 1:]).all()), s
+
+
 @pytest.fixture
 def highest():
     tk.set_matmul_precision("highest")

@@ -192,6 +192,41 @@ def test_split_qkv_rotates_and_stores(rng):
     assert not kc[:, :, :2].any() and not vc[:, :, 5:].any()
 
 
+@pytest.mark.parametrize("rope", [0, 4, 8])
+def test_decode_attention_is_split_qkv_then_attention(rng, rope):
+    """One new token per sequence: its k, v land at slot `start` (k rotated at position
+    start - kv_start), and q (rotated too) attends to slots kv_start..start, in float64."""
+    b, hq, hkv, d, t_max, s = 2, 4, 2, 8, 9, 6
+    qkv = f32(rng, b, 1, (hq + 2 * hkv) * d)
+    kc, vc = f32(rng, b, hkv, t_max, d), f32(rng, b, hkv, t_max, d)
+    k0, v0 = kc.copy(), vc.copy()
+    kv_start = np.array([0, 2], np.int32)
+    table = tk.rope_cos_sin(np.arange(t_max), rope) if rope else (None, None)
+    out = tk.decode_attention(qkv, kc, vc, np.array([s], np.int32), hq, 0.3, kv_start, *table, rope or None)
+    x = qkv.reshape(b, hq + 2 * hkv, d).astype(np.float64)
+    for i in range(b):
+        q, k, v = x[i, :hq], x[i, hq:hq + hkv], x[i, hq + hkv:]
+        if rope:
+            half, angle = rope // 2, (s - kv_start[i]) * 10000.0 ** (-np.arange(0, rope, 2) / rope)
+
+            def rot(a):
+                a = a.copy()
+                a1, a2 = a[:, :half].copy(), a[:, half:rope].copy()
+                a[:, :half] = a1 * np.cos(angle) - a2 * np.sin(angle)
+                a[:, half:rope] = a2 * np.cos(angle) + a1 * np.sin(angle)
+                return a
+            q, k = rot(q), rot(k)
+        np.testing.assert_allclose(kc[i, :, s], k, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(vc[i, :, s], v)
+        keys = np.concatenate([k0[i, :, kv_start[i]:s], k[:, None]], axis=1)
+        vals = np.concatenate([v0[i, :, kv_start[i]:s], v[:, None]], axis=1)
+        for h in range(hq):
+            w = np.exp(0.3 * keys[h // 2] @ q[h] - (0.3 * keys[h // 2] @ q[h]).max())
+            assert rel_err(out[i, h, 0], w @ vals[h // 2] / w.sum()) <= 1e-5
+    others = np.arange(t_max) != s
+    np.testing.assert_array_equal(kc[:, :, others], k0[:, :, others])
+
+
 def test_fold_layernorm_without_bias(rng):
     x = rng.standard_normal((3, 16)).astype(np.float32)
     w, g = rng.standard_normal((5, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)

@@ -152,25 +152,25 @@ class GlmAsr:
     # ------------------------------------------------------------ text side
     def new_cache(self, length: int) -> KVCache:
         d = self.config.decoder
-        return KVCache.allocate(self.xp, d.num_layers, 1, d.num_kv_heads, length, d.head_dim)
+        return KVCache.allocate(self.xp, d.num_layers, 1, d.num_kv_heads, length, d.head_dim,
+                                rope_theta=d.rope_theta)
 
     def forward(self, x, cache: KVCache):
         """Llama decoder over new input embeddings x (1, T, C); last-position logits (1, V)."""
         t = x.shape[1]
         cache.begin(t)
-        logits = self.step(x, self.xp.arange(cache.length, cache.length + t)[None], cache)
+        logits = self.step(x, cache)
         cache.length += t
         return logits
 
-    def step(self, x, positions, cache: KVCache):
+    def step(self, x, cache: KVCache):
         """The device work of forward for the span cache.begin announced (graph-capturable)."""
         d, xp, w = self.config.decoder, self.xp, self.w
         b, t, n = x.shape
         D = d.head_dim
-        cos, sin = tk.rope_cos_sin(positions, D, d.rope_theta)
         for i, L in enumerate(w["decoder"]):
             qkv = tk.linear(x, L.qkv, norm=L.ln1)
-            y = cache.attend(i, qkv, d.num_heads, D ** -0.5, cos, sin)                 # (B, H, T, D)
+            y = cache.attend(i, qkv, d.num_heads, D ** -0.5)                 # (B, H, T, D), RoPE from the cache
             y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, d.num_heads * D)
             x = tk.linear(y, L.o, residual=x)
             x = tk.linear(tk.linear(x, L.gate_up, activation="swiglu", norm=L.ln2), L.down, residual=x)
@@ -182,7 +182,7 @@ class GlmAsr:
         if self._decode is None or self._decode.cache.k.shape[3] < length:
             self._decode = None
             cache = self.new_cache(length)
-            self._decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], p, cache), cache)
+            self._decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], cache), cache)
         self._decode.cache.length = 0
         return self._decode
 

@@ -1,7 +1,7 @@
 """The KV cache both models decode with, and the attention call that goes through it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,19 +15,25 @@ class KVCache:
     span holds [start, end) of the tokens being added, in device memory on the GPU, so a
     decode step captured once as a CUDA graph writes and reads the right positions on
     every replay. kv_start (B,) is each sequence's first real position (left padding).
+    rope: (cos, sin) tables by position (T_max, rotary/2) for models with RoPE, so a decode
+    step gathers its row on the device instead of recomputing it.
     """
     k: object
     v: object
     span: object
     kv_start: object
+    rope: tuple | None = None
     length: int = 0          # positions filled so far
+    _rows: tuple = field(default=(None, None, None), repr=False)   # (span, cos, sin) of the last prefill
 
     @classmethod
     def allocate(cls, xp, layers: int, batch: int, heads: int, length: int, head_dim: int,
-                 kv_start=None) -> "KVCache":
+                 kv_start=None, rope_theta: float | None = None) -> "KVCache":
+        """Zeroed keys and values; rope_theta also builds the RoPE tables (full head_dim rotary)."""
         shape = (layers, batch, heads, length, head_dim)
         start = xp.zeros(batch, np.int32) if kv_start is None else xp.asarray(kv_start, np.int32)
-        return cls(xp.zeros(shape, np.float32), xp.zeros(shape, np.float32), xp.zeros(2, np.int32), start)
+        rope = None if rope_theta is None else tk.rope_cos_sin(xp.arange(length), head_dim, rope_theta)
+        return cls(xp.zeros(shape, np.float32), xp.zeros(shape, np.float32), xp.zeros(2, np.int32), start, rope)
 
     def begin(self, new_tokens: int) -> None:
         """Announce the next new_tokens positions (host to device: outside any graph)."""
@@ -40,13 +46,27 @@ class KVCache:
         else:
             self.span[...] = span
 
-    def attend(self, layer: int, qkv, heads: int, scale: float, cos=None, sin=None):
+    def attend(self, layer: int, qkv, heads: int, scale: float):
         """Causal attention (B, Hq, T, D) of the new tokens over everything cached so far, from
         their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
-        announced span first (rotated by RoPE with cos, sin when given, and q with them)."""
+        announced span first (rotated by RoPE when the cache has tables, and q with them)."""
         t = qkv.shape[1]
+        cos, sin = self.rope or (None, None)
+        if t == 1:      # decode, one kernel: slot and length live on the device (graph replay)
+            return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
+                                       self.kv_start, cos, sin)
+        if self.rope is not None:
+            cos, sin = self._rope_rows(t)
         q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin)
-        if t == 1:      # decode: position and valid length live on the device (graph replay)
-            return tk.attention(q, self.k[layer], self.v[layer], True, scale, self.kv_start, self.span[1:])
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)
+
+    def _rope_rows(self, t: int):
+        """cos, sin (B, T, rotary/2) of the t tokens being added (position = slot - kv_start),
+        gathered once per span and shared by every layer."""
+        span = (self.length, t)
+        if self._rows[0] != span:
+            xp = tk.array_module(self.k)
+            pos = xp.maximum(self.length + xp.arange(t)[None, :] - self.kv_start[:, None], 0)
+            self._rows = (span, self.rope[0][pos], self.rope[1][pos])
+        return self._rows[1:]

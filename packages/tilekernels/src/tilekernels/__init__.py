@@ -5,7 +5,7 @@ reference (the specification), cupy arrays run the cuTile kernel.
 """
 from ._arrays import array_module, is_device
 from .activations import gelu, silu, swiglu
-from .attention import attention
+from .attention import attention, decode_attention
 from .conv1d import conv1d
 from .linear import linear
 from .norm import LayerNorm, RMSNorm, fold_norm, layernorm, rmsnorm
@@ -16,7 +16,7 @@ from .softmax import softmax
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "array_module", "attention", "conv1d", "fold_norm", "gelu",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "array_module", "attention", "conv1d", "decode_attention", "fold_norm", "gelu",
     "is_device",
     "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu",
 ]

@@ -21,6 +21,8 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
 from .precision import precise, tf32_mma
+from .qkv import split_qkv_reference
+from .rope import rotate_half
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -55,16 +57,24 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
 
 
-def online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE):
-    """Fold key tile j (scores s, log2 units, masked entries -inf) into the running row max
-    m, sum l and output acc; a row with no visible key so far stays at (-inf, 0, 0)."""
+def online_softmax_step(s, v, m, l, acc, PRECISE):
+    """Fold one key tile (scores s, log2 units, masked entries -inf; values v (TILE_N, D))
+    into the running row max m, sum l and output acc; a row with no visible key so far stays
+    at (-inf, 0, 0)."""
     m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
     m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
     p = ct.exp2(s - m_safe)
     alpha = ct.exp2(m - m_safe)
-    v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-    acc = tf32_mma(p, ct.reshape(v, (TILE_N, D)), acc * alpha, PRECISE)
+    acc = tf32_mma(p, v, acc * alpha, PRECISE)
     return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
+
+
+def kv_tile(K, V, b, kvh, j, D, TILE_N):
+    """Key tile j of (b, kvh) transposed to (D, TILE_N), and its values (TILE_N, D)."""
+    k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                padding_mode=ct.PaddingMode.ZERO)
+    v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
+    return ct.reshape(k, (D, TILE_N)), ct.reshape(v, (TILE_N, D))
 
 
 @ct.kernel
@@ -103,44 +113,82 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
             if CAUSAL:
                 visible = visible & (key <= rows)
             s = ct.where(visible, s, NEG_INF)
-        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE)
+        v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
+        m, l, acc = online_softmax_step(s, ct.reshape(v, (TILE_N, D)), m, l, acc, PRECISE)
     ct.store(O, index=(b, h, mt, 0), tile=ct.reshape(acc / l, (1, 1, TILE_M, D)))
 
 
+def decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE):
+    """Fold cached key tile j into (m, l, acc): keys kstart .. tk - 1 count. Slots past tk
+    (stale, or never written) are masked in the scores and zeroed in the values."""
+    key = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)
+    s = tf32_mma(q, k, ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32), PRECISE) * scale_log2
+    s = ct.where((key[None, :] < tk) & (key[None, :] >= kstart), s, NEG_INF)
+    v = ct.where(key[:, None] < tk, v, 0.0)
+    return online_softmax_step(s, v, m, l, acc, PRECISE)
+
+
 @ct.kernel
-def decode_split_kernel(Q, K, V, PO, PM, PL, O, KS, KL, scale_log2: float, tiles_per_split: int,
-                        D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt, PRECISE: ConstBool, FINAL: ConstBool):
-    """Partial attention of the G query heads of one KV head over one chunk of keys.
+def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_log2: float,
+                        tiles_per_split: int, half: int, D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt,
+                        PRECISE: ConstBool, FINAL: ConstBool, NEW: ConstBool, ROPE: ConstBool):
+    """Partial attention of the G query heads of one KV head over one chunk of cached keys.
 
     Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
     unnormalised, with their row max PM and sum PL (B, Hkv, S, G_PAD), in log2 units.
-    KL[0] is the number of valid keys, read on the device so that one captured CUDA
+    KL[0] is the number of cached keys, read on the device so that one captured CUDA
     graph serves every decode step; chunks past it come out empty (max -inf, sum 0).
     FINAL (a single chunk holds every key): the normalised output goes straight to O,
     viewed as (B, Hkv, G, D), and no merge kernel runs.
+    NEW: Q, KN, VN (B, Hkv, 1, D) are views of the new token's fused projection; the last
+    chunk folds its key in and stores k, v at slot KL[0] of K, V. Every cached key was then
+    written by earlier kernels, so the first key tile loads before the dependency wait.
+    ROPE (with NEW): q and the new key rotate first, cos and sin gathered from the tables
+    COS, SIN (1, P, half) at the token's position KL[0] - KS[b].
     """
-    inputs_ready()
     split = ct.bid(0)
     b = ct.bid(1) // K.shape[1]
     kvh = ct.bid(1) % K.shape[1]
     tk = ct.load(KL, index=(0,), shape=())
+    kstart = ct.load(KS, index=(b,), shape=())
+    tiles = ct.cdiv(tk, TILE_N)
+    j0 = split * tiles_per_split
+    j1 = min(j0 + tiles_per_split, tiles)
+    first = min(j0, max(tiles - 1, 0))     # an empty chunk re-reads a tile, all masked out
+    if NEW:
+        k, v = kv_tile(K, V, b, kvh, first, D, TILE_N)
+        inputs_ready()
+    else:
+        inputs_ready()
+        k, v = kv_tile(K, V, b, kvh, first, D, TILE_N)
     q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
     q = ct.reshape(q, (G_PAD, D))
-    cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
-    kstart = ct.load(KS, index=(b,), shape=())
-    j0 = split * tiles_per_split
-    j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))
+    c = ct.arange(D, dtype=ct.int32)[None, :]
+    position = max(tk - kstart, 0)
+    if ROPE:
+        g = ct.arange(G_PAD, dtype=ct.int32)[:, None]
+        q = rotate_half(Q, q, b, kvh, g, c, COS, SIN, 0, position, half)
+    if NEW:     # loaded by every block, with q, to keep them off the last chunk's critical path
+        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
+        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
+        if ROPE:
+            kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
     m = ct.full((G_PAD, 1), NEG_INF, dtype=ct.float32)
     l = ct.full((G_PAD, 1), 0.0, dtype=ct.float32)
     acc = ct.full((G_PAD, D), 0.0, dtype=ct.float32)
-    for j in range(j0, j1):
-        k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
-                    padding_mode=ct.PaddingMode.ZERO)
-        s = tf32_mma(q, ct.reshape(k, (D, TILE_N)), ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32),
-                     PRECISE) * scale_log2
-        key = j * TILE_N + cols
-        s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
-        m, l, acc = online_softmax_step(V, b, kvh, j, s, m, l, acc, D, TILE_N, PRECISE)
+    m, l, acc = decode_tile(q, k, v, j0, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE)
+    for j in range(j0 + 1, j1):
+        k, v = kv_tile(K, V, b, kvh, j, D, TILE_N)
+        m, l, acc = decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE)
+    if NEW:
+        if split == ct.num_blocks(0) - 1:
+            s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
+            m_new = ct.maximum(m, s)
+            alpha = ct.exp2(m - m_new)
+            p = ct.exp2(s - m_new)
+            m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
+            ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)))
+            ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)))
     if FINAL:
         ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc / l, (1, 1, G_PAD, D)))
     else:
@@ -183,27 +231,37 @@ def decode_splits(tk: int, units: int, sms: int = 132) -> tuple[int, int]:
     return per, -(-tiles // per)
 
 
-def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, tile_n: int = DECODE_TILE_N):
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, tile_n: int = DECODE_TILE_N,
+                new=None, rope=None):
     """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles of tile_n keys each,
-    merged by a second kernel unless there is one chunk (tools time plans through this)."""
+    merged by a second kernel unless there is one chunk (tools time plans through this).
+
+    q (B, Hq, 1, D), may be a strided view. new: the new token's (k, v), (B, Hkv, 1, D)
+    views, stored at slot kv_len[0] and attended to after the kv_len[0] cached keys.
+    rope (with new): (cos, sin, half), tables (1, P, half) rotating q and the new key.
+    """
     import cupy
 
     bsz, hq, _, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
-    out = cupy.empty_like(q)
+    out = cupy.empty((bsz, hq, 1, d), dtype=cupy.float32)
     g_pad = max(16, next_pow2(group))
     qg = q.reshape(bsz, hkv, group, d)
+    kn, vn = new if new is not None else (q, q)
+    cos, sin, half = rope if rope is not None else (q, q, 0)
+    flags = (precise(), splits == 1, new is not None, rope is not None)
     if splits == 1:
         launch((1, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, q, q, q, out.reshape(qg.shape), kv_start, kv_len, scale_log2, per, d, g_pad, tile_n,
-                precise(), True))
+               (qg, k, v, kn, vn, q, q, q, out.reshape(qg.shape), kv_start, kv_len, cos, sin, scale_log2, per, half,
+                d, g_pad, tile_n, *flags))
         return out
     po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
     pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
     pl = cupy.empty_like(pm)
     launch((splits, bsz * hkv, 1), decode_split_kernel,
-           (qg, k, v, po, pm, pl, q, kv_start, kv_len, scale_log2, per, d, g_pad, tile_n, precise(), False))
+           (qg, k, v, kn, vn, po, pm, pl, q, kv_start, kv_len, cos, sin, scale_log2, per, half, d, g_pad, tile_n,
+            *flags))
     launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
     return out
 
@@ -261,3 +319,63 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
     if d & (d - 1) or d > 256:
         raise ValueError(f"q: head dim must be a power of two up to 256 on the GPU, got {d}")
     return _attention_cupy(q, k, v, causal, scale, kv_start, kv_len)
+
+
+def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | None = None, kv_start=None,
+                     cos=None, sin=None, rotary_dim: int | None = None):
+    """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused
+    projection qkv (B, 1, (Hq + 2 Hkv) D): what split_qkv then attention compute, in one
+    kernel (plus the merge of its split-KV chunks, as attention has).
+
+    The token's k, v are stored at slot start[0] of k_cache, v_cache (B, Hkv, T_max, D)
+    (rotated by RoPE with q, when cos, sin are given) and q attends to slots kv_start[b] ..
+    start[0]. start: int32 (1,), read on the device (a captured graph serves every step).
+    cos, sin: tables (P, rotary_dim/2) by position, e.g. rope_cos_sin(arange(P)); the token
+    of sequence b sits at position start[0] - kv_start[b]. D must be a power of two up to
+    256 on the GPU.
+    """
+    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
+    check("qkv", qkv, ndim=3)
+    bsz, t, width = qkv.shape
+    check("k_cache", k_cache, ndim=4)
+    check("k_cache", k_cache, shape=(bsz, None, None, None))
+    check("v_cache", v_cache, shape=tuple(k_cache.shape))
+    _, hkv, t_max, d = k_cache.shape
+    if t != 1:
+        raise ValueError(f"qkv: expected one new token per sequence (B, 1, width), got shape {tuple(qkv.shape)}")
+    if heads <= 0 or hkv == 0 or heads % hkv or width != (heads + 2 * hkv) * d:
+        raise ValueError(f"qkv: expected last dimension (heads + 2 * kv heads) * head dim = "
+                         f"({heads} + 2 * {hkv}) * {d} with heads a multiple of kv heads, got {width}")
+    check("start", start, shape=(1,), dtype=np.int32)
+    xp = array_module(qkv)
+    if kv_start is None:
+        kv_start = xp.zeros(bsz, dtype=np.int32)
+    check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
+    if (cos is None) != (sin is None):
+        raise ValueError("cos, sin: give both or neither")
+    rotary_dim = d if rotary_dim is None else rotary_dim
+    half = rotary_dim // 2
+    if cos is not None:
+        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d:
+            raise ValueError(f"rotary_dim: expected an even number in 2..{d}, got {rotary_dim}")
+        check("cos", cos, shape=(None, half))
+        check("sin", sin, shape=tuple(cos.shape))
+        if cos.shape[0] < t_max:
+            raise ValueError(f"cos: expected a table of at least {t_max} positions (the cache length), "
+                             f"got {cos.shape[0]}")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if kind == "numpy":
+        s = int(start[0])
+        if not 0 <= s < t_max:
+            raise ValueError(f"start: slot {s} is outside a cache of {t_max}")
+        pos = np.maximum(s - kv_start, 0)[:, None]
+        rows = (cos[pos], sin[pos]) if cos is not None else (None, None)
+        q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rows, rotary_dim)
+        return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"k_cache: head dim must be a power of two up to 256 on the GPU, got {d}")
+    x = qkv.reshape(bsz, heads + 2 * hkv, 1, d)
+    new = (x[:, heads:heads + hkv], x[:, heads + hkv:])
+    rope = (cos[None], sin[None], half) if cos is not None else None
+    return decode_cupy(x[:, :heads], k_cache, v_cache, kv_start, start, float(scale) * LOG2E,
+                       *decode_splits(t_max, bsz * hkv, sm_count()), new=new, rope=rope)

@@ -86,21 +86,36 @@ def first_column(X, bm, TILE_M: int, NORM: int):
     return x0
 
 
-def epilogue(acc, up, rstd, Bias, R, Y, bm, bn, TILE_M: int, TILE_N: int,
-             HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int):
-    """Store residual + act(acc [* rstd] + bias) [* up] as output tile (bm, bn)."""
+def bias_tile(Bias, bn, TILE_N: int, HAS_BIAS: bool):
+    """The bias of output columns bn, (1, TILE_N); a constant, so it may load before the wait."""
+    bias = ct.full((1, TILE_N), 0.0, dtype=ct.float32)
+    if HAS_BIAS:
+        bias = ct.load(Bias, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO,
+                       allow_tma=False)[None, :]
+    return bias
+
+
+def residual_tile(R, bm, bn, TILE_M: int, TILE_N: int, RESID: bool):
+    """The residual of output tile (bm, bn), loaded early so its latency overlaps the product's."""
+    res = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+    if RESID:
+        res = ct.load(R, index=(bm, bn), shape=(TILE_M, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    return res
+
+
+def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int):
+    """Store res + act(acc [* rstd] + bias) [* up] as output tile (bm, bn) (bias and res from
+    bias_tile and residual_tile)."""
     if NORM != NO_NORM:
         acc = acc * rstd
         up = up * rstd
     if HAS_BIAS:
-        acc = acc + ct.load(Bias, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO,
-                            allow_tma=False)[None, :]
+        acc = acc + bias
     acc = tile_activation(acc, ACT)
     if GLU:
         acc = acc * up
     if RESID:
-        acc = acc + ct.load(R, index=(bm, bn), shape=(TILE_M, TILE_N), padding_mode=ct.PaddingMode.ZERO,
-                            allow_tma=False)
+        acc = acc + res
     ct.store(Y, index=(bm, bn), tile=acc)
 
 
@@ -132,12 +147,14 @@ def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: Cons
                 TMA: ConstBool):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
     elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
-    first weight tile (all of K when TILE_K covers it) is requested before the kernel
-    waits for x (dependent launch); see weight_tiles for TMA."""
+    first weight tile (all of K when TILE_K covers it) and the bias are requested before
+    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA."""
     bn = ct.bid(0)
     m = ct.bid(1)
     w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, TMA)
+    bias = bias_tile(Bias, bn, TILE_N, HAS_BIAS)
     inputs_ready()
+    res = residual_tile(R, m, bn, 1, TILE_N, RESID)
     x0 = first_column(X, m, 1, NORM)
     zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
     stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
@@ -147,8 +164,7 @@ def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: Cons
         acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
     y = ct.reshape(ct.sum(acc, axis=1), (1, TILE_N))
     up = ct.reshape(ct.sum(acc2, axis=1), (1, TILE_N))
-    epilogue(y, up, norm_scale(s1, s2, X.shape[1], eps), Bias, R, Y, m, bn, 1, TILE_N,
-             HAS_BIAS, ACT, GLU, RESID, NORM)
+    epilogue(y, up, norm_scale(s1, s2, X.shape[1], eps), bias, res, Y, m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
 def skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
@@ -181,8 +197,9 @@ def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: Co
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, True)
         acc, acc2, s1, s2 = skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
                                          PRECISE)
-    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps), Bias, R, Y, bm, bn,
-             TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID, NORM)
+    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
+             bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
+             HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
 def _grouped(tile_id, num_m, num_n):
@@ -219,7 +236,8 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
     if PARTIAL:
         ct.store(Y, index=(split, bm, bn), tile=ct.reshape(acc, (1, TILE_M, TILE_N)))
     else:
-        epilogue(acc, acc2, acc, Bias, R, Y, bm, bn, TILE_M, TILE_N, HAS_BIAS, ACT, GLU, RESID, NO_NORM)
+        epilogue(acc, acc2, acc, bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID),
+                 Y, bm, bn, HAS_BIAS, ACT, GLU, RESID, NO_NORM)
 
 
 @ct.kernel
@@ -232,7 +250,8 @@ def splitk_reduce_kernel(P, Bias, R, Y, TILE_N: ConstInt, HAS_BIAS: ConstBool, A
     for s in range(P.shape[0]):
         p = ct.load(P, index=(s, m, j), shape=(1, 1, TILE_N), padding_mode=ct.PaddingMode.ZERO)
         acc = acc + ct.reshape(p, (1, TILE_N))
-    epilogue(acc, acc, acc, Bias, R, Y, m, j, 1, TILE_N, HAS_BIAS, ACT, False, RESID, NO_NORM)
+    epilogue(acc, acc, acc, bias_tile(Bias, j, TILE_N, HAS_BIAS), residual_tile(R, m, j, 1, TILE_N, RESID),
+             Y, m, j, HAS_BIAS, ACT, False, RESID, NO_NORM)
 
 
 # ---------------------------------------------------------------- planning and launch

@@ -43,7 +43,7 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, COS, SIN, half: int, D: ConstInt, RO
     c = ct.arange(D, dtype=ct.int32)
     x = ct.reshape(ct.load(QKV, index=(b, t, h, 0), shape=(1, 1, 1, D)), (D,))
     if ROPE:
-        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, half), x)
+        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, b, t, half), x)
     y = ct.reshape(x, (1, 1, 1, D))
     if h < hq:
         ct.store(Q, index=(b, h, t, 0), tile=y)

@@ -34,17 +34,17 @@ def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rotary_dim: 
     return out
 
 
-def rotate_half(X, x, b, t, h, c, COS, SIN, half):
-    """Tile helper: x, channels c of heads h of token (b, t) of X (B, T, H, D), rotated in the
+def rotate_half(X, x, i0, i1, i2, c, COS, SIN, j0, j1, half):
+    """Tile helper: x, channels c of X[i0, i1, i2] (X 4-D, heads on axis 2), rotated in the
     half-split form over the first 2 * half channels (the rest pass through); the partner
-    channels are gathered from X, cos and sin from COS, SIN (B, T, half)."""
+    channels are gathered from X, cos and sin from COS[j0, j1], SIN[j0, j1] (3-D, channel last)."""
     first = c < half
     rotated = c < 2 * half
     partner = ct.where(first, c + half, ct.where(rotated, c - half, c))
     freq = ct.where(first, c, c - half)
-    cos = ct.where(rotated, ct.gather(COS, (b, t, freq)), 1.0)
-    sin = ct.where(rotated, ct.gather(SIN, (b, t, freq)), 0.0)
-    xr = ct.gather(X, (b, t, h, partner))
+    cos = ct.where(rotated, ct.gather(COS, (j0, j1, freq)), 1.0)
+    sin = ct.where(rotated, ct.gather(SIN, (j0, j1, freq)), 0.0)
+    xr = ct.gather(X, (i0, i1, i2, partner))
     return x * cos + ct.where(first, -1.0, 1.0) * xr * sin
 
 
@@ -58,7 +58,7 @@ def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     h = ct.arange(H_PAD, dtype=ct.int32)[:, None]
     c = ct.arange(D_PAD, dtype=ct.int32)[None, :]
     x = ct.gather(X, (b, t, h, c))
-    ct.scatter(Y, (b, t, h, c), rotate_half(X, x, b, t, h, c, COS, SIN, half))
+    ct.scatter(Y, (b, t, h, c), rotate_half(X, x, b, t, h, c, COS, SIN, b, t, half))
 
 
 def rope(x, cos, sin, rotary_dim: int | None = None):
