@@ -45,30 +45,50 @@ def gpt2(batch: int, context: int):
     return (lambda i, p: model.step(i, p, cache)), cache
 
 
-def glm_asr(batch: int, context: int):
-    """The same for GLM-ASR-Nano's decoder (weights drawn on the GPU; no encoder needed)."""
+def rand(*shape):
+    return cupy.random.standard_normal(shape, dtype=cupy.float32) * 0.02
+
+
+def random_glm_asr(encoder: bool = False):
+    """GLM-ASR-Nano at full size with weights drawn on the GPU (norms already folded, as the
+    loader leaves them); the audio encoder and projector only when asked."""
     from transformers import GlmAsrConfig
 
     from glm_asr.config import GlmAsrConfig as Config
-    from glm_asr.model import DecoderLayer, GlmAsr
+    from glm_asr.model import DecoderLayer, EncoderLayer, GlmAsr
 
-    if batch != 1:
-        raise SystemExit("glm-asr decodes one request at a time: --batch 1")
     cfg = Config.from_hf(GlmAsrConfig().to_dict())
-    d = cfg.decoder
+    d, e = cfg.decoder, cfg.encoder
     n, hd = d.hidden_size, d.head_dim
-
-    def rand(*shape):
-        return cupy.random.standard_normal(shape, dtype=cupy.float32) * 0.02
     plain = tk.RMSNorm(None, d.rms_norm_eps)
     w = {"decoder": [DecoderLayer(plain, rand((d.num_heads + 2 * d.num_kv_heads) * hd, n), rand(n, d.num_heads * hd),
                                   plain, rand(2 * d.intermediate_size, n), rand(n, d.intermediate_size))
                      for _ in range(d.num_layers)],
-         "embed": rand(d.vocab_size, n), "norm": plain}
-    w["lm_head"] = rand(d.vocab_size, n)
-    model = GlmAsr(cfg, w)
+         "embed": rand(d.vocab_size, n), "norm": plain, "lm_head": rand(d.vocab_size, n)}
+    if encoder:
+        c, inner = e.hidden_size, e.intermediate_size
+        ln = tk.LayerNorm(None, None)
+
+        def lin_(n_out, n_in):
+            return rand(n_out, n_in), rand(n_out)
+        w["encoder"] = [EncoderLayer(ln, lin_((e.num_heads + 2 * e.num_kv_heads) * e.head_dim, c),
+                                     lin_(c, e.num_heads * e.head_dim), ln, lin_(inner, c), lin_(c, inner))
+                        for _ in range(e.num_layers)]
+        w["conv1"] = rand(c, e.num_mel_bins, 3), rand(c)
+        w["conv2"] = rand(c, c, 3), rand(c)
+        w["enc_norm"] = tk.LayerNorm(rand(c) + 1, rand(c))
+        w["proj1"] = lin_(2 * n, inner)
+        w["proj2"] = lin_(n, 2 * n)
+    return GlmAsr(cfg, w)
+
+
+def glm_asr(batch: int, context: int):
+    """The same for GLM-ASR-Nano's decoder (no encoder needed)."""
+    if batch != 1:
+        raise SystemExit("glm-asr decodes one request at a time: --batch 1")
+    model = random_glm_asr()
     cache = model.new_cache(context + 300)
-    model.forward(rand(1, context, n), cache)
+    model.forward(rand(1, context, model.config.decoder.hidden_size), cache)
     return (lambda i, p: model.step(model.w["embed"][i], cache)), cache
 
 
@@ -95,11 +115,8 @@ def split_then_attend(cache: KVCache, layer: int, qkv, heads: int, scale: float)
     """The previous decode attention: split_qkv's kernel stores k, v, then attention reads them."""
     if qkv.shape[1] != 1:
         return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
-    cos = sin = None
-    if cache.rope is not None:
-        pos = cache.span[:1][None] - cache.kv_start[:, None]            # (B, 1), on the device
-        cos, sin = cache.rope[0][pos], cache.rope[1][pos]
-    q = tk.split_qkv(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, cos, sin)
+    cos, sin = cache.rope or (None, None)
+    q = tk.split_qkv(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, cos, sin, kv_start=cache.kv_start)
     return tk.attention(q, cache.k[layer], cache.v[layer], True, scale, cache.kv_start, cache.span[1:])
 
 

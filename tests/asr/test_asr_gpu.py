@@ -5,6 +5,7 @@ import pytest
 
 from glm_asr.features import windows
 from glm_asr.model import GlmAsr
+from gpt.graph import device_stream
 
 pytestmark = pytest.mark.gpu
 
@@ -27,3 +28,20 @@ def test_features_on_the_gpu_match_the_cpu(rng):
     for a, b in zip(cpu, gpu):
         assert isinstance(b.features, cupy.ndarray) and b.features.dtype == np.float32
         np.testing.assert_allclose(b.features.get(), a.features, atol=1e-6)
+
+
+def test_graph_replays_match_eager_calls(tiny, poisoned, rng):
+    """The encoder and the prefill replayed from their captured graphs give what the eager calls
+    give, for fresh inputs on every replay and for a second window count and prompt length."""
+    gpu = GlmAsr.load(tiny, "gpu")
+    cfg = gpu.config
+    for n_windows in (1, 2, 1):
+        feats = cupy.asarray(rng.standard_normal((n_windows, cfg.encoder.num_mel_bins, 3000)).astype(np.float32))
+        np.testing.assert_array_equal(gpu.audio_tower(feats).get(), gpu.audio_tower_eager(feats).get())
+    for n_audio in (5, 9, 5):
+        ids = [100, 101] + [cfg.audio_token_id] * n_audio + [102]
+        audio = cupy.asarray(rng.standard_normal((n_audio, cfg.decoder.hidden_size)).astype(np.float32))
+        with device_stream(cupy):
+            replayed = gpu.prefill(ids, audio, 4).get()
+        eager = gpu.forward(gpu.embed(np.array(ids), audio), gpu.new_cache(len(ids)))
+        np.testing.assert_array_equal(replayed, eager.get())

@@ -78,9 +78,9 @@ def specializations():
                     [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
     for d in (64, 128):
-        tm, tn = attention.FLASH_TILES[d]
         for causal, precise in ((False, False), (True, False), (False, True)):
-            out.append((f"flash-{d}-{causal}-p{precise}", attention.flash_kernel,
+            tm, tn, kernel = attention.flash_plan(d, causal)
+            out.append((f"flash-{d}-{causal}-p{precise}", kernel,
                         [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal, precise]))
         # (precise, final, new token, rope): attention's decode path, and decode_attention's
         for precise, final, new, rope_on in ((False, False, False, False), (True, False, False, False),
@@ -97,7 +97,8 @@ def specializations():
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
     for d, rope_on in ((64, False), (128, True), (64, True)):     # GPT-2, GLM decoder, GLM encoder
         out.append((f"split-qkv-{d}-rope{rope_on}", qkv.split_qkv_kernel,
-                    [arr(4), arr(4), arr(4), arr(4), iarr(1), arr(3), arr(3), I32, d, rope_on]))
+                    [arr(4), arr(4), arr(4), arr(4), iarr(1), iarr(1), arr(3), arr(3), I32, qkv.SPLIT_TILE_T, d,
+                     rope_on]))
     for precise in (False, True):
         out.append((f"conv1d-gelu-p{precise}", conv1d.conv1d_kernel,
                     [arr(3), arr(3, False), arr(1), arr(3), I32, I32, 3, True, act.GELU_ERF, precise]))

@@ -138,11 +138,13 @@ def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
     kc, vc = cupy.full((b, hkv, t_max, d), np.nan, np.float32), cupy.full((b, hkv, t_max, d), np.nan, np.float32)
     cos = sin = gcos = gsin = None
     if rope:
-        cos, sin = tk.rope_cos_sin(np.arange(start, start + t)[None].repeat(b, 0), rope)
+        cos, sin = tk.rope_cos_sin(np.arange(t_max), rope)
         gcos, gsin = cupy.asarray(cos), cupy.asarray(sin)
+    kv_start = np.arange(b, dtype=np.int32) * 3          # left padding: positions start at slot 3 b
     kr, vr = np.full(kc.shape, np.nan, np.float32), np.full(vc.shape, np.nan, np.float32)
-    q_ref = tk.split_qkv(qkv, kr, vr, np.array([start], np.int32), hq, cos, sin, rope or None)
-    q = tk.split_qkv(gqkv, kc, vc, cupy.array([start], np.int32), hq, gcos, gsin, rope or None)
+    q_ref = tk.split_qkv(qkv, kr, vr, np.array([start], np.int32), hq, cos, sin, rope or None, kv_start)
+    q = tk.split_qkv(gqkv, kc, vc, cupy.array([start], np.int32), hq, gcos, gsin, rope or None,
+                     cupy.asarray(kv_start))
     assert rel_err(q, q_ref) <= FP32
     span = slice(start, start + t)
     assert rel_err(kc[:, :, span], kr[:, :, span]) <= FP32

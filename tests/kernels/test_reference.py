@@ -180,9 +180,11 @@ def test_split_qkv_rotates_and_stores(rng):
     b, t, hq, hkv, d = 2, 3, 4, 2, 8
     qkv = rng.standard_normal((b, t, (hq + 2 * hkv) * d)).astype(np.float32)
     kc, vc = np.zeros((b, hkv, 6, d), np.float32), np.zeros((b, hkv, 6, d), np.float32)
-    cos, sin = tk.rope_cos_sin(np.arange(2, 2 + t)[None].repeat(b, 0), 4)
-    q = tk.split_qkv(qkv, kc, vc, np.array([2], np.int32), hq, cos, sin, rotary_dim=4)
+    table = tk.rope_cos_sin(np.arange(6), 4)
+    kv_start = np.array([0, 1], np.int32)                       # sequence 1 is left padded by one
+    q = tk.split_qkv(qkv, kc, vc, np.array([2], np.int32), hq, *table, rotary_dim=4, kv_start=kv_start)
     heads = qkv.reshape(b, t, hq + 2 * hkv, d)
+    cos, sin = tk.rope_cos_sin(np.arange(2, 2 + t)[None] - kv_start[:, None], 4)     # slot - kv_start
 
     def rotated(a):
         return tk.rope(np.ascontiguousarray(a), cos, sin, 4).transpose(0, 2, 1, 3)

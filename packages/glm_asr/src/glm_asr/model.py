@@ -14,7 +14,7 @@ import numpy as np
 import tilekernels as tk
 from gpt.checkpoint import CheckpointError, load_tensors, read_config, take
 from gpt.device import move_weights
-from gpt.graph import decoder, device_stream
+from gpt.graph import decoder, device_stream, graphed
 from gpt.kvcache import KVCache
 
 from .config import GlmAsrConfig
@@ -45,6 +45,8 @@ class GlmAsr:
         self.config, self.w = config, w
         self.xp = tk.array_module(w["embed"])
         self._decode = None         # the KV cache and captured decode step, reused by every request
+        self._prefill = None        # the prompt pass into that cache, one captured graph per prompt length
+        self._tower = graphed(self.xp, self.audio_tower_eager)     # one captured graph per window count
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -124,13 +126,18 @@ class GlmAsr:
         return self.project(self.audio_tower(features))
 
     def audio_tower(self, features):
-        """(W, 128, 3000) log-mel windows -> (W, 1500, C_audio) encoder states."""
+        """(W, 128, 3000) log-mel windows -> (W, 1500, C_audio) encoder states; on the GPU
+        replayed from a CUDA graph captured once per window count (a few hundred kernels)."""
+        return self._tower(features)
+
+    def audio_tower_eager(self, features):
+        """audio_tower, each op called from Python."""
         e, xp, w = self.config.encoder, self.xp, self.w
         x = tk.conv1d(features, *w["conv1"], stride=1, padding=1, activation="gelu")
         x = tk.conv1d(x, *w["conv2"], stride=2, padding=1, activation="gelu")
         x = xp.ascontiguousarray(x.transpose(0, 2, 1))                      # (W, T, C)
         b, t, c = x.shape
-        cos, sin = tk.rope_cos_sin(xp.arange(t, dtype=np.int32)[None].repeat(b, 0), e.rotary_dim, e.rope_theta)
+        cos, sin = tk.rope_cos_sin(xp.arange(t), e.rotary_dim, e.rope_theta)               # tables by position
         start = xp.zeros(1, np.int32)
         k = xp.empty((b, e.num_kv_heads, t, e.head_dim), np.float32)
         v = xp.empty_like(k)
@@ -180,9 +187,10 @@ class GlmAsr:
         """An emptied KV cache of at least `length` positions with its decode step (on the GPU a
         CUDA graph captured once; lengths live on the device, so every request that fits reuses it)."""
         if self._decode is None or self._decode.cache.k.shape[3] < length:
-            self._decode = None
+            self._decode = self._prefill = None
             cache = self.new_cache(length)
             self._decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], cache), cache)
+            self._prefill = graphed(self.xp, lambda x: self.step(x, cache))
         self._decode.cache.length = 0
         return self._decode
 
@@ -194,16 +202,26 @@ class GlmAsr:
             x[xp.asarray(np.flatnonzero(np.asarray(ids) == self.config.audio_token_id))] = audio_embeds
         return x[None]
 
+    def prefill(self, ids: list[int], audio_embeds, max_new_tokens: int):
+        """Last-position logits (1, V) of the prompt ids (audio placeholders filled), run into the
+        emptied KV cache of the decoder that will continue it; on the GPU replayed from a graph
+        captured once per prompt length (call under device_stream, as greedy does)."""
+        decode = self._decoder(len(ids) + max_new_tokens + 1)
+        x = self.embed(np.asarray(ids), audio_embeds)
+        decode.cache.begin(x.shape[1])
+        logits = self._prefill(x)
+        decode.cache.length += x.shape[1]
+        return logits
+
     def greedy(self, ids: list[int], audio_embeds, max_new_tokens: int, eos=None) -> list[int]:
         """Greedy continuation of the prompt ids (audio placeholders filled) with a KV cache;
         on the GPU every token after the first is one replay of a captured CUDA graph."""
         eos = set(self.config.eos_token_ids) if eos is None else set(eos)
         out = []
         with device_stream(self.xp):
-            decode = self._decoder(len(ids) + max_new_tokens + 1)
-            logits = self.forward(self.embed(np.asarray(ids), audio_embeds), decode.cache)
+            logits = self.prefill(ids, audio_embeds, max_new_tokens)
             first = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
-            chain = decode.greedy(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
+            chain = self._decode.greedy(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
             for tok in itertools.islice(itertools.chain([first], (int(t[0]) for t in chain)), max_new_tokens):
                 if tok in eos:
                     break

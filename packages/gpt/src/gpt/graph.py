@@ -15,6 +15,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+import tilekernels as tk
+
 from .kvcache import KVCache
 
 
@@ -99,6 +101,54 @@ class DecodeGraph:
                 issue(s + 1)
             ready[s % 2].synchronize()
             yield host[s % 2].copy()
+
+
+class ShapeGraphs:
+    """fn(*arrays) -> array on the GPU, replayed from a CUDA graph captured once per input
+    shapes (and matmul precision): a stage of a few hundred kernels, an encoder pass or a
+    prompt prefill, then costs one launch instead of a Python call per kernel.
+
+    The first call of a shape runs fn eagerly (compiling its kernels), then captures it on
+    a private stream and memory pool. Inputs are copied into the graph's buffers and the
+    result is copied out, so it outlives the next replay. fn must read nothing else that
+    changes between calls except through device memory (a KV cache's span).
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn, self.graphs = fn, {}
+
+    def __call__(self, *arrays):
+        import cupy
+
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), tk.get_matmul_precision())
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(arrays)
+        inputs, out, graph, _ = self.graphs[key]
+        for buf, a in zip(inputs, arrays):
+            buf[...] = a
+        graph.launch(cupy.cuda.get_current_stream())
+        return out.copy()
+
+    def _capture(self, arrays):
+        import cupy
+
+        pool = cupy.cuda.MemoryPool()
+        current = cupy.cuda.get_current_stream()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        stream.wait_event(current.record())
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            inputs = [a.copy() for a in arrays]
+            self.fn(*inputs)                    # compiles every kernel, fills the pool
+            stream.begin_capture()
+            out = self.fn(*inputs)
+            graph = stream.end_capture()
+        current.wait_event(stream.record())
+        return inputs, out, graph, pool
+
+
+def graphed(xp, fn: Callable) -> Callable:
+    """fn as ShapeGraphs on the GPU, fn itself on the CPU."""
+    return fn if xp is np else ShapeGraphs(fn)
 
 
 def device_stream(xp):

@@ -1,7 +1,7 @@
 """The KV cache both models decode with, and the attention call that goes through it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,7 +24,6 @@ class KVCache:
     kv_start: object
     rope: tuple | None = None
     length: int = 0          # positions filled so far
-    _rows: tuple = field(default=(None, None, None), repr=False)   # (span, cos, sin) of the last prefill
 
     @classmethod
     def allocate(cls, xp, layers: int, batch: int, heads: int, length: int, head_dim: int,
@@ -55,18 +54,6 @@ class KVCache:
         if t == 1:      # decode, one kernel: slot and length live on the device (graph replay)
             return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
                                        self.kv_start, cos, sin)
-        if self.rope is not None:
-            cos, sin = self._rope_rows(t)
-        q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin)
+        q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start)
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)
-
-    def _rope_rows(self, t: int):
-        """cos, sin (B, T, rotary/2) of the t tokens being added (position = slot - kv_start),
-        gathered once per span and shared by every layer."""
-        span = (self.length, t)
-        if self._rows[0] != span:
-            xp = tk.array_module(self.k)
-            pos = xp.maximum(self.length + xp.arange(t)[None, :] - self.kv_start[:, None], 0)
-            self._rows = (span, self.rope[0][pos], self.rope[1][pos])
-        return self._rows[1:]

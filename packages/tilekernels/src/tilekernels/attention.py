@@ -21,7 +21,7 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
 from .precision import precise, tf32_mma
-from .qkv import split_qkv_reference
+from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
 from .rope import rotate_half
 
 ConstInt = ct.Constant[int]
@@ -80,7 +80,8 @@ def kv_tile(K, V, b, kvh, j, D, TILE_N):
 @ct.kernel
 def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                  D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool, PRECISE: ConstBool):
-    """One TILE_M block of queries of one (batch, head) against all visible keys."""
+    """One TILE_M block of queries of one (batch, head) against all visible keys; O is
+    (B, Tq, Hq, D), the layout the output projection reads."""
     inputs_ready()
     mt = ct.bid(0)
     b = ct.bid(1) // Q.shape[1]
@@ -115,7 +116,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
             s = ct.where(visible, s, NEG_INF)
         v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
         m, l, acc = online_softmax_step(s, ct.reshape(v, (TILE_N, D)), m, l, acc, PRECISE)
-    ct.store(O, index=(b, h, mt, 0), tile=ct.reshape(acc / l, (1, 1, TILE_M, D)))
+    ct.store(O, index=(b, mt, h, 0), tile=ct.reshape(acc / l, (1, TILE_M, 1, D)))
 
 
 def decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE):
@@ -215,7 +216,16 @@ def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
     ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)))
 
 
-FLASH_TILES = {64: (64, 64), 128: (64, 64)}   # D -> (TILE_M, TILE_N)
+flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
+
+
+def flash_plan(d: int, causal: bool):
+    """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, from tools/sweep_attention.py
+    (attention-sweep-h100.json): a bidirectional 64-wide encoder runs 128-query blocks two to
+    an SM (1.8x the 64 x 64 tiles); causal and 128-wide heads take 128-key tiles."""
+    if d == 64 and not causal:
+        return 128, 64, flash_kernel_occupancy2
+    return (64, 128, flash_kernel) if d <= 128 else (64, 64, flash_kernel)
 
 
 
@@ -278,11 +288,11 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
         if kv_len is None:
             kv_len = cupy.full(1, tk, dtype=cupy.int32)
         return decode_cupy(q, k, v, kv_start, kv_len, scale_log2, *decode_splits(tk, bsz * hkv, sm_count()))
-    out = cupy.empty_like(q)
-    tm, tn = FLASH_TILES.get(d, (64, 64))
-    launch((-(-tq // tm), bsz * hq, 1), flash_kernel,
+    out = cupy.empty((bsz, tq, hq, d), dtype=cupy.float32)
+    tm, tn, kernel = flash_plan(d, bool(causal))
+    launch((-(-tq // tm), bsz * hq, 1), kernel,
            (q, k, v, out, kv_start, scale_log2, hq // hkv, d, tm, tn, bool(causal), precise()))
-    return out
+    return out.transpose(0, 2, 1, 3)
 
 
 def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_start=None, kv_len=None):
@@ -293,6 +303,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
     kv_len: optional int32 (1,) array, decode only (Tq = 1): only the first kv_len[0] keys
     are valid, the length living in device memory so a captured graph can be replayed.
     D must be a power of two up to 256 on the GPU. scale defaults to 1/sqrt(D).
+    Returns (B, Hq, Tq, D); on the GPU a transposed view of a contiguous (B, Tq, Hq, D), so
+    heads merge back into (B, Tq, Hq * D) without a copy.
     """
     kind = backend(q=q, k=k, v=v, kv_start=kv_start, kv_len=kv_len)
     check("q", q, ndim=4)
@@ -335,47 +347,22 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     256 on the GPU.
     """
     kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
-    check("qkv", qkv, ndim=3)
-    bsz, t, width = qkv.shape
-    check("k_cache", k_cache, ndim=4)
-    check("k_cache", k_cache, shape=(bsz, None, None, None))
-    check("v_cache", v_cache, shape=tuple(k_cache.shape))
+    kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
+    bsz, t, _ = qkv.shape
     _, hkv, t_max, d = k_cache.shape
     if t != 1:
         raise ValueError(f"qkv: expected one new token per sequence (B, 1, width), got shape {tuple(qkv.shape)}")
-    if heads <= 0 or hkv == 0 or heads % hkv or width != (heads + 2 * hkv) * d:
-        raise ValueError(f"qkv: expected last dimension (heads + 2 * kv heads) * head dim = "
-                         f"({heads} + 2 * {hkv}) * {d} with heads a multiple of kv heads, got {width}")
-    check("start", start, shape=(1,), dtype=np.int32)
-    xp = array_module(qkv)
-    if kv_start is None:
-        kv_start = xp.zeros(bsz, dtype=np.int32)
-    check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
-    if (cos is None) != (sin is None):
-        raise ValueError("cos, sin: give both or neither")
-    rotary_dim = d if rotary_dim is None else rotary_dim
-    half = rotary_dim // 2
-    if cos is not None:
-        if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d:
-            raise ValueError(f"rotary_dim: expected an even number in 2..{d}, got {rotary_dim}")
-        check("cos", cos, shape=(None, half))
-        check("sin", sin, shape=tuple(cos.shape))
-        if cos.shape[0] < t_max:
-            raise ValueError(f"cos: expected a table of at least {t_max} positions (the cache length), "
-                             f"got {cos.shape[0]}")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if kind == "numpy":
         s = int(start[0])
         if not 0 <= s < t_max:
             raise ValueError(f"start: slot {s} is outside a cache of {t_max}")
-        pos = np.maximum(s - kv_start, 0)[:, None]
-        rows = (cos[pos], sin[pos]) if cos is not None else (None, None)
-        q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rows, rotary_dim)
+        q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, 1, kv_start), rotary_dim)
         return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
     if d & (d - 1) or d > 256:
         raise ValueError(f"k_cache: head dim must be a power of two up to 256 on the GPU, got {d}")
     x = qkv.reshape(bsz, heads + 2 * hkv, 1, d)
     new = (x[:, heads:heads + hkv], x[:, heads + hkv:])
-    rope = (cos[None], sin[None], half) if cos is not None else None
+    rope = (cos[None], sin[None], rotary_dim // 2) if cos is not None else None
     return decode_cupy(x[:, :heads], k_cache, v_cache, kv_start, start, float(scale) * LOG2E,
                        *decode_splits(t_max, bsz * hkv, sm_count()), new=new, rope=rope)

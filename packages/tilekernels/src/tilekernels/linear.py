@@ -279,7 +279,9 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
     tm, tn, tk = tiles = GLU_LARGE_M if glu else LARGE_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
-    split = 1 if glu else min(k_tiles, max(1, -(-2 * sms // out_tiles)), 64)
+    # split-K only for a grid under a quarter of the SMs: its partial sums cost a pass over
+    # memory and a reduce kernel, measured slower from half a wave up (tools/sweep_gemm.py)
+    split = 1 if glu or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
     return "tiles", tiles, per, -(-k_tiles // per)
 

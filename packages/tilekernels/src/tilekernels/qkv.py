@@ -1,10 +1,10 @@
 """From a fused QKV projection to attention's inputs in one kernel: split the heads, rotate q
 and k (RoPE, half-split form, optional), store k and v into the KV cache, return q.
 
-The decode step of a model otherwise spends a handful of small kernels per layer here
-(slices made contiguous, two RoPE passes, two cache scatters); one launch does it all. The
-cache position comes from device memory, so a captured decode graph writes the right slot on
-every replay.
+A prefill or an encoder layer otherwise spends a handful of small kernels here (slices made
+contiguous, two RoPE passes, two cache scatters); one launch does it all, TILE_T tokens of one
+head per block. The cache position comes from device memory. (Decode, one token at a time, has
+all of this inside its attention kernel: attention.decode_attention.)
 """
 from __future__ import annotations
 
@@ -31,71 +31,100 @@ def split_qkv_reference(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
     return np.ascontiguousarray(q.transpose(0, 2, 1, 3), dtype=np.float32)
 
 
+SPLIT_TILE_T = 16      # tokens per block
+
+
 @ct.kernel
-def split_qkv_kernel(QKV, KC, VC, Q, START, COS, SIN, half: int, D: ConstInt, ROPE: ConstBool):
-    """One head (axis 1 of the grid: q heads, then k heads, then v heads) of one token."""
+def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: ConstInt, D: ConstInt, ROPE: ConstBool):
+    """TILE_T tokens of one head (axis 1 of the grid: q heads, then k heads, then v heads)."""
     inputs_ready()
-    tok = ct.bid(0)
+    b = ct.bid(0) // ct.cdiv(QKV.shape[1], TILE_T)
+    tt = ct.bid(0) % ct.cdiv(QKV.shape[1], TILE_T)
     h = ct.bid(1)
-    b = tok // QKV.shape[1]
-    t = tok % QKV.shape[1]
     hq, hkv = Q.shape[1], KC.shape[1]
-    c = ct.arange(D, dtype=ct.int32)
-    x = ct.reshape(ct.load(QKV, index=(b, t, h, 0), shape=(1, 1, 1, D)), (D,))
+    t = tt * TILE_T + ct.arange(TILE_T, dtype=ct.int32)[:, None]
+    c = ct.arange(D, dtype=ct.int32)[None, :]
+    pos = ct.load(START, index=(0,), shape=()) + t          # cache slots
+    x = ct.reshape(ct.load(QKV, index=(b, tt, h, 0), shape=(1, TILE_T, 1, D), padding_mode=ct.PaddingMode.ZERO),
+                   (TILE_T, D))
     if ROPE:
-        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, b, t, half), x)
-    y = ct.reshape(x, (1, 1, 1, D))
+        position = ct.maximum(pos - ct.load(KS, index=(b,), shape=()), 0)
+        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, 0, position, half), x)
     if h < hq:
-        ct.store(Q, index=(b, h, t, 0), tile=y)
+        ct.store(Q, index=(b, h, tt, 0), tile=ct.reshape(x, (1, 1, TILE_T, D)))
     else:
-        pos = ct.load(START, index=(0,), shape=()) + t
+        real = t < QKV.shape[1]      # the tile's tail past T must not touch the cache
         if h < hq + hkv:
-            ct.store(KC, index=(b, h - hq, pos, 0), tile=y)
+            ct.scatter(KC, (b, h - hq, pos, c), x, mask=real)
         else:
-            ct.store(VC, index=(b, h - hq - hkv, pos, 0), tile=y)
+            ct.scatter(VC, (b, h - hq - hkv, pos, c), x, mask=real)
 
 
-def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rotary_dim: int | None = None):
-    """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), storing k and v
-    into k_cache, v_cache (B, Hkv, T_max, D) at positions start[0] .. start[0] + T - 1.
-
-    heads: Hq; Hkv and D come from the cache. cos, sin (B, T, rotary_dim/2), e.g. from
-    rope_cos_sin, rotate the first rotary_dim (default D) channels of q and k. start: int32
-    (1,), read on the device; the caller keeps start[0] + T <= T_max. D must be a power of
-    two on the GPU.
-    """
-    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, cos=cos, sin=sin)
+def check_fused_qkv(qkv, k_cache, v_cache, start, heads: int, kv_start, cos, sin, rotary_dim):
+    """Validate split_qkv's and decode_attention's common arguments; returns
+    (kv_start, rotary_dim), the defaults filled in."""
     check("qkv", qkv, ndim=3)
     check("k_cache", k_cache, ndim=4)
-    bsz, t, width = qkv.shape
+    bsz, _, width = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
     check("k_cache", k_cache, shape=(bsz, None, None, None))
     check("v_cache", v_cache, shape=tuple(k_cache.shape))
     check("start", start, shape=(1,), dtype=np.int32)
-    if heads <= 0 or kv_heads == 0 or width != (heads + 2 * kv_heads) * d:
+    if heads <= 0 or kv_heads == 0 or heads % kv_heads or width != (heads + 2 * kv_heads) * d:
         raise ValueError(f"qkv: expected last dimension (heads + 2 * kv heads) * head dim = "
-                         f"({heads} + 2 * {kv_heads}) * {d}, got {width}")
+                         f"({heads} + 2 * {kv_heads}) * {d} with heads a multiple of kv heads, got {width}")
+    if kv_start is None:
+        kv_start = array_module(qkv).zeros(bsz, dtype=np.int32)
+    check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
     if (cos is None) != (sin is None):
         raise ValueError("cos, sin: give both or neither")
     rotary_dim = d if rotary_dim is None else rotary_dim
-    half = rotary_dim // 2
     if cos is not None:
         if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > d:
             raise ValueError(f"rotary_dim: expected an even number in 2..{d}, got {rotary_dim}")
-        check("cos", cos, shape=(bsz, t, half))
-        check("sin", sin, shape=(bsz, t, half))
+        check("cos", cos, shape=(None, rotary_dim // 2))
+        check("sin", sin, shape=tuple(cos.shape))
+        if cos.shape[0] < t_max:
+            raise ValueError(f"cos: expected a table of at least {t_max} positions (the cache length), "
+                             f"got {cos.shape[0]}")
+    return kv_start, rotary_dim
+
+
+def rope_rows(cos, sin, start: int, t: int, kv_start: np.ndarray):
+    """The (B, T, half) rows of the tables for the t tokens from cache slot start (numpy)."""
+    if cos is None:
+        return None, None
+    pos = np.maximum(start + np.arange(t)[None, :] - np.asarray(kv_start)[:, None], 0)
+    return cos[pos], sin[pos]
+
+
+def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rotary_dim: int | None = None,
+              kv_start=None):
+    """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), storing k and v
+    into k_cache, v_cache (B, Hkv, T_max, D) at slots start[0] .. start[0] + T - 1.
+
+    heads: Hq; Hkv and D come from the cache. cos, sin: tables (P >= T_max, rotary_dim/2) by
+    position, e.g. rope_cos_sin(arange(P)), rotating the first rotary_dim (default D) channels
+    of q and k; the token in slot s of sequence b sits at position s - kv_start[b] (left
+    padding; kv_start defaults to zeros). start: int32 (1,), read on the device; the caller
+    keeps start[0] + T <= T_max. D must be a power of two on the GPU.
+    """
+    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
+    kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
+    bsz, t, _ = qkv.shape
+    _, kv_heads, t_max, d = k_cache.shape
     if kind == "numpy":
         s = int(start[0])
         if s < 0 or s + t > t_max:
             raise ValueError(f"start: positions {s}..{s + t - 1} do not fit a cache of {t_max}")
-        return split_qkv_reference(qkv, k_cache, v_cache, s, heads, cos, sin, rotary_dim)
+        return split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, t, kv_start), rotary_dim)
     if d & (d - 1):
         raise ValueError(f"k_cache: head dim must be a power of two on the GPU, got {d}")
     xp = array_module(qkv)
     q = xp.empty((bsz, heads, t, d), dtype=np.float32)
     if q.size:
         rope = cos is not None
-        launch((bsz * t, heads + 2 * kv_heads, 1), split_qkv_kernel,
-               (qkv.reshape(bsz, t, -1, d), k_cache, v_cache, q, start, cos if rope else qkv,
-                sin if rope else qkv, half, d, rope))
+        launch((bsz * -(-t // SPLIT_TILE_T), heads + 2 * kv_heads, 1), split_qkv_kernel,
+               (qkv.reshape(bsz, t, -1, d), k_cache, v_cache, q, start, kv_start, cos[None] if rope else qkv,
+                sin[None] if rope else qkv, rotary_dim // 2, SPLIT_TILE_T, d, rope))
     return q

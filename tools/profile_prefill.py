@@ -1,0 +1,90 @@
+"""Where GLM-ASR's audio encoder and prompt prefill spend their time (GPU host).
+
+    python tools/profile_prefill.py [--windows 1] [--prompt 450] [--out DIR]
+
+Full size, random weights. Each stage, after a warm-up call: its wall time run eagerly (each
+kernel launched from Python) and replayed from a CUDA graph (as transcription runs the encoder
+and the prefill), the sum of its kernels' device time (torch.profiler's CUDA activity, eager,
+dependent launch off) and its kernels by total device time. An eager wall time well above the
+device sum means the stage waits on host launches, not on the GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import cupy
+from torch.profiler import ProfilerActivity, profile
+
+import tilekernels._arrays as tk_arrays
+from benchlib import gpu_name, versions, write_result
+from gpt.graph import ShapeGraphs
+from profile_decode import rand, random_glm_asr
+
+
+def wall_ms(fn) -> float:
+    sync = cupy.cuda.Device().synchronize
+    fn()
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def stage(eager, graph) -> dict:
+    """Wall times of the eager and the graph-replayed stage, and the eager stage's kernels (with
+    dependent launch off, so that no kernel's time includes waiting for the one before it)."""
+    result = {"wall_ms": round(wall_ms(eager), 2), "graph_wall_ms": round(wall_ms(graph), 2)}
+    tk_arrays.DEPENDENT_LAUNCH = False
+    eager()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eager()
+        cupy.cuda.Device().synchronize()
+    tk_arrays.DEPENDENT_LAUNCH = True
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    kernels = [{"name": e.key[:60], "calls": e.count, "us_per_call": round(e.device_time_total / e.count, 2),
+                "ms_total": round(e.device_time_total / 1e3, 3)} for e in events if e.device_time_total > 0]
+    return {**result, "device_ms": round(sum(k["ms_total"] for k in kernels), 2),
+            "launches": sum(k["calls"] for k in kernels), "kernels": kernels}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--windows", type=int, default=1, help="30 s windows encoded together")
+    ap.add_argument("--prompt", type=int, default=450, help="prompt tokens of the prefill")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    model = random_glm_asr(encoder=True)
+    e, d = model.config.encoder, model.config.decoder
+    feats = rand(args.windows, e.num_mel_bins, 3000) * 50
+    states = model.audio_tower_eager(feats)
+    x = rand(1, args.prompt, d.hidden_size)
+    cache = model.new_cache(args.prompt)
+    step = ShapeGraphs(lambda x: model.step(x, cache))
+
+    def prefill_eager():
+        cache.length = 0
+        return model.forward(x, cache)
+
+    def prefill_graph():
+        cache.length = 0
+        cache.begin(args.prompt)
+        return step(x)
+
+    result = {"gpu": gpu_name(), "versions": versions(), "model": "glm-asr, random weights", "windows": args.windows,
+              "prompt": args.prompt,
+              "encoder": stage(lambda: model.audio_tower_eager(feats), lambda: model.audio_tower(feats)),
+              "projector": stage(lambda: model.project(states), lambda: model.project(states)),
+              "prefill": stage(prefill_eager, prefill_graph)}
+    for name in ("encoder", "projector", "prefill"):
+        s = result[name]
+        print(f"{name}: wall {s['wall_ms']:.2f} ms eager, {s['graph_wall_ms']:.2f} ms as a graph; "
+              f"device {s['device_ms']:.2f} ms in {s['launches']} kernels")
+        for k in s["kernels"][:12]:
+            print(f"   {k['name'][:44]:44s} {k['calls']:5d} x {k['us_per_call']:8.2f} us = {k['ms_total']:7.3f} ms")
+    write_result(f"prefill-profile-glm-asr-w{args.windows}", result, args.out)
+
+
+if __name__ == "__main__":
+    main()
