@@ -120,9 +120,19 @@ def split_then_attend(cache: KVCache, layer: int, qkv, heads: int, scale: float)
     return tk.attention(q, cache.k[layer], cache.v[layer], True, scale, cache.kv_start, cache.span[1:])
 
 
-# whole-step variants: the batch-1 projection rule and the decode attention route
+def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
+    """Ablation, wrong output: q passed on as the attention output (no cache, no attention
+    kernels), so the step's time without its attention path can be read off."""
+    if qkv.shape[1] != 1:
+        return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
+    b, d = qkv.shape[0], cache.k.shape[-1]
+    return qkv[:, 0, :heads * d].reshape(b, heads, 1, d)
+
+
+# whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
+# is an ablation: timing only)
 PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
-         "split-qkv": {"attend": split_then_attend}}
+         "split-qkv": {"attend": split_then_attend}, "no-attention": {"attend": no_attention}}
 
 
 def use_plan(name: str) -> None:

@@ -155,13 +155,14 @@ def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
 
 
 @pytest.mark.parametrize("b,hq,hkv,d,t_max,rope", [(1, 12, 12, 64, 1024, 0), (1, 16, 4, 128, 777, 128),
-                                                   (3, 8, 2, 64, 300, 32), (2, 2, 1, 128, 1, 128)])
+                                                   (3, 8, 2, 64, 300, 32), (2, 2, 1, 128, 1, 128),
+                                                   (1, 16, 4, 128, 200, 128)])     # split plans, one-pass plans
 def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
     """The fused decode kernel against split_qkv + attention in float64: the new k, v land at
     slot `start` and nowhere else; slots past it hold NaN, which must never reach the output."""
     import cupy
 
-    for s in sorted({0, 1, 63, 64, 65, 300, t_max - 1} & set(range(t_max))):
+    for s in sorted({0, 1, 63, 64, 65, 127, 128, 255, 256, 300, t_max - 1} & set(range(t_max))):
         (qkv, gqkv) = pair(rng, b, 1, (hq + 2 * hkv) * d)
         kc, vc = rng.standard_normal((2, b, hkv, t_max, d)).astype(np.float32)
         kc[:, :, s:] = vc[:, :, s:] = np.nan
