@@ -15,8 +15,8 @@ class KVCache:
     span holds [start, end) of the tokens being added, in device memory on the GPU, so a
     decode step captured once as a CUDA graph writes and reads the right positions on
     every replay. kv_start (B,) is each sequence's first real position (left padding).
-    rope: (cos, sin) tables by position (T_max, rotary/2) for models with RoPE, so a decode
-    step gathers its row on the device instead of recomputing it.
+    rope: (cos, sin) tables by position (T_max, head_dim/2) for models with RoPE; the kernels
+    gather their rows on the device, so no step recomputes them.
     """
     k: object
     v: object

@@ -11,6 +11,10 @@ separate blocks, all query heads of one KV head together, and a second kernel me
 the partial softmax states, so a single query still fills the GPU (a one-chunk plan is
 normalised in place, with no merge). (Merging in the last block to
 finish, counted with an atomic, was tried and measured slower.)
+
+decode_attention is that decode path fed straight from the new token's fused QKV
+projection: RoPE, the KV-cache write and the split-KV attention in one kernel (plus the
+merge), the cached keys' first tile requested before the kernel waits for its inputs.
 """
 from __future__ import annotations
 
