@@ -111,15 +111,6 @@ def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
 LIBRARY_ATTEND = KVCache.attend
 
 
-def split_then_attend(cache: KVCache, layer: int, qkv, heads: int, scale: float):
-    """The previous decode attention: split_qkv's kernel stores k, v, then attention reads them."""
-    if qkv.shape[1] != 1:
-        return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
-    cos, sin = cache.rope or (None, None)
-    q = tk.split_qkv(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, cos, sin, kv_start=cache.kv_start)
-    return tk.attention(q, cache.k[layer], cache.v[layer], True, scale, cache.kv_start, cache.span[1:])
-
-
 def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
     """Ablation, wrong output: q passed on as the attention output (no cache, no attention
     kernels), so the step's time without its attention path can be read off."""
@@ -132,7 +123,7 @@ def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
 # whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
 # is an ablation: timing only)
 PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
-         "split-qkv": {"attend": split_then_attend}, "no-attention": {"attend": no_attention}}
+         "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention}}
 
 
 def use_plan(name: str) -> None:

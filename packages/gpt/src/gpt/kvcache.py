@@ -50,12 +50,19 @@ class KVCache:
         their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
         announced span first (rotated by RoPE when the cache has tables, and q with them)."""
         b, t = qkv.shape[:2]
-        cos, sin = self.rope or (None, None)
         if t == 1 and b == 1:      # decode, one kernel: slot and length live on the device (graph replay)
+            cos, sin = self.rope or (None, None)
             return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
                                        self.kv_start, cos, sin)
+        return self.split_then_attend(layer, qkv, heads, scale)
+
+    def split_then_attend(self, layer: int, qkv, heads: int, scale: float):
+        """attend in two ops, split_qkv storing k, v then attention: prefill, and batched decode,
+        where split_qkv's own kernel measured faster than the fused one (profile_decode --batch 8)."""
+        t = qkv.shape[1]
+        cos, sin = self.rope or (None, None)
         q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start)
-        if t == 1:      # batched decode: split_qkv's own kernel measured faster here (profile_decode --batch 8)
+        if t == 1:      # decode: the valid length lives on the device (graph replay)
             return tk.attention(q, self.k[layer], self.v[layer], True, scale, self.kv_start, self.span[1:])
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)

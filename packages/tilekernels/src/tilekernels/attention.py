@@ -265,18 +265,19 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: 
     kn, vn = new if new is not None else (q, q)
     cos, sin, half = rope if rope is not None else (q, q, 0)
     flags = (precise(), splits == 1, new is not None, rope is not None)
-    if splits == 1:
-        launch((1, bsz * hkv, 1), decode_split_kernel,
-               (qg, k, v, kn, vn, q, q, q, out.reshape(qg.shape), kv_start, kv_len, cos, sin, scale_log2, per, half,
-                d, g_pad, tile_n, *flags))
-        return out
-    po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
-    pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
-    pl = cupy.empty_like(pm)
+    if splits == 1:     # the kernel normalises into out itself
+        po = pm = pl = q
+        o = out.reshape(qg.shape)
+    else:
+        po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
+        pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
+        pl = cupy.empty_like(pm)
+        o = q
     launch((splits, bsz * hkv, 1), decode_split_kernel,
-           (qg, k, v, kn, vn, po, pm, pl, q, kv_start, kv_len, cos, sin, scale_log2, per, half, d, g_pad, tile_n,
+           (qg, k, v, kn, vn, po, pm, pl, o, kv_start, kv_len, cos, sin, scale_log2, per, half, d, g_pad, tile_n,
             *flags))
-    launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
+    if splits > 1:
+        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
     return out
 
 

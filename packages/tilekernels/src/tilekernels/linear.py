@@ -15,8 +15,10 @@ Three kernels by the number of rows M:
 - M <= 16 (batched decode, and M = 1 with a vocabulary-wide N): weights as the A operand
   of a TF32 mma, 64 output columns per block against up to 16 rows of x.
 - larger M: 128x128 TF32 tiles in grouped order for L2 reuse, split over K (second
-  kernel reduces and applies the epilogue) when the output tiles cannot fill the GPU;
-Measured on an H200 (benchmarks/results/kernels-h200.md) to pick these shapes.
+  kernel reduces and applies the epilogue) only when the output tiles cover under a quarter
+  of the SMs.
+Measured on an H200 (benchmarks/results/kernels-h200.md) and an H100 (gemm-sweep-h100.json,
+gemv-sweep-h100.json) to pick these shapes.
 """
 from __future__ import annotations
 
