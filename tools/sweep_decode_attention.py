@@ -3,7 +3,7 @@
     python tools/sweep_decode_attention.py [--out DIR]
 
 For GPT-2 (12 heads of 64) and GLM-ASR's decoder (16 query heads over 4 KV heads of 128), at
-several cache lengths, every plan (key tiles per chunk, chunks) runs as a chain of calls over
+several cache lengths, every plan (key tiles per chunk, chunks; a tile is 4096 / head dim keys) runs as a chain of calls over
 distinct caches (256 MB or more in all), captured in one CUDA graph with dependent launch, so
 each call reads its keys from HBM as a decode step does. The row marked 'rule' is the plan
 tilekernels.attention.decode_splits picks.
@@ -47,16 +47,18 @@ def chain(hq: int, hkv: int, d: int, keys: int, per: int, splits: int) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     args = ap.parse_args()
     rows = []
-    for (name, hq, hkv, d), keys in itertools.product(SHAPES, LENGTHS):
-        tiles = -(-keys // attn.DECODE_TILE_N)
-        rule = attn.decode_splits(keys, hkv, attn.sm_count())
-        for per, splits in plans(tiles):
+    lengths = [int(v) for v in args.lengths.split(",")]
+    for (name, hq, hkv, d), keys in itertools.product(SHAPES, lengths):
+        tile = attn.decode_tile_keys(d)
+        rule = attn.decode_splits(keys, hq, attn.sm_count(), tile)
+        for per, splits in plans(-(-keys // tile)):
             us = round(chain(hq, hkv, d, keys, per, splits) * 1e3, 2)
-            rows.append({"shape": name, "keys": keys, "tiles_per_chunk": per, "chunks": splits, "us": us,
-                         "rule": (per, splits) == rule})
-            print(f"{name:8s} {keys:5d} keys  {splits:3d} chunks of {per:3d} tiles  {us:7.2f} us"
+            rows.append({"shape": name, "keys": keys, "tile_keys": tile, "tiles_per_chunk": per, "chunks": splits,
+                         "us": us, "rule": (per, splits) == rule})
+            print(f"{name:8s} {keys:5d} keys  {splits:3d} chunks of {per:3d} tiles of {tile}  {us:7.2f} us"
                   f"{'  <- rule' if rows[-1]['rule'] else ''}", flush=True)
     write_result("decode-attention-sweep", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
 

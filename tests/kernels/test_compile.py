@@ -82,16 +82,15 @@ def specializations():
             tm, tn, kernel = attention.flash_plan(d, causal)
             out.append((f"flash-{d}-{causal}-p{precise}", kernel,
                         [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal, precise]))
-        # (precise, final, new token, rope): attention's decode path, and decode_attention's
-        for precise, final, new, rope_on in ((False, False, False, False), (True, False, False, False),
-                                             (False, True, False, False), (False, False, True, d == 128),
-                                             (False, True, True, d == 128)):
+        # (final, new token, rope): attention's decode path, and decode_attention's
+        for final, new, rope_on in ((False, False, False), (True, False, False), (False, True, d == 128),
+                                    (True, True, d == 128)):
             q = arr(4, False) if new else arr(4)
-            out.append((f"decode-{d}-p{precise}-final{final}-new{new}-rope{rope_on}", attention.decode_split_kernel,
-                        [q, arr(4, False), arr(4, False), arr(4, False), arr(4, False), arr(5), arr(4), arr(4),
-                         arr(4), iarr(1), iarr(1), arr(3), arr(3), F32, I32, I32, d, 16, attention.DECODE_TILE_N,
-                         precise, final, new, rope_on]))
-        out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(5), arr(4), arr(4), arr(4), I32, d]))
+            out.append((f"decode-{d}-final{final}-new{new}-rope{rope_on}", attention.decode_split_kernel,
+                        [q, arr(4, False), arr(4, False), arr(4, False), arr(4, False), arr(4), arr(3), arr(3),
+                         arr(4), iarr(1), iarr(1), arr(3), arr(3), F32, I32, I32, I32, d,
+                         attention.decode_tile_keys(d), final, new, rope_on]))
+        out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(4), arr(3), arr(3), arr(4), d]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))

@@ -173,7 +173,7 @@ def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
         ref = tk.decode_attention(qkv, kc, vc, np.array([s], np.int32), hq, None, kv_start, *table, rope or None)
         got = tk.decode_attention(gqkv, gk, gv, cupy.array([s], np.int32), hq, None, cupy.asarray(kv_start),
                                   *gtable, rope or None)
-        assert rel_err(got, ref) <= TF32, s
+        assert rel_err(got, ref) <= FP32, s
         assert rel_err(gk[:, :, s], kc[:, :, s]) <= FP32, s
         assert rel_err(gv[:, :, :s + 1], vc[:, :, :s + 1]) == 0.0, s
         assert bool(cupy.isnan(gk[:, :, s + 1:]).all()) and bool(cupy.isnan(gv[:, :, s + 1:]).all()), s
@@ -269,8 +269,8 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
     assert rel_err(got, ref) <= TF32
 
 
-@pytest.mark.parametrize("g,tk_,per,splits", [(1, 300, 5, 1), (1, 300, 1, 5), (1, 300, 2, 3), (4, 777, 13, 1),
-                                               (4, 777, 3, 5), (2, 1, 1, 1)])
+@pytest.mark.parametrize("g,tk_,per,splits", [(1, 300, 5, 1), (1, 300, 1, 5), (1, 300, 2, 3), (4, 777, 25, 1),
+                                               (4, 777, 5, 5), (2, 1, 1, 1)])
 def test_decode_single_pass_and_split_plans(poisoned, rng, g, tk_, per, splits):
     """Every decode plan: one pass that normalises in place, or chunks and the merge kernel;
     left padding and a device length shorter than the cache included."""
@@ -285,7 +285,7 @@ def test_decode_single_pass_and_split_plans(poisoned, rng, g, tk_, per, splits):
     ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True,
                        kv_start=start)
     got = decode_cupy(gq, gk, gv, cupy.asarray(start), cupy.full(1, n, cupy.int32), LOG2E / np.sqrt(d), per, splits)
-    assert rel_err(got, ref) <= TF32
+    assert rel_err(got, ref) <= FP32
 
 
 def test_decode_with_device_length(poisoned, rng):
@@ -296,4 +296,4 @@ def test_decode_with_device_length(poisoned, rng):
     for n in (1, 63, 64, 65, 700, 1024):
         ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True)
         got = tk.attention(gq, gk, gv, causal=True, kv_len=cupy.full(1, n, cupy.int32))
-        assert rel_err(got, ref) <= TF32, n
+        assert rel_err(got, ref) <= FP32, n

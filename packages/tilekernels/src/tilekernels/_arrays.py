@@ -129,7 +129,10 @@ def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
 
 def inputs_ready() -> None:
     """Tile helper, in every kernel before it reads activations or writes anything (constant
-    weights may be loaded before it): wait until the kernels before this one have finished and
-    their writes are visible, then let the next kernel start launching."""
-    ct.grid_dependency_control_wait()
+    weights may be loaded before it): let the next kernel start launching, then wait until the
+    kernels before this one have finished and their writes are visible. Releasing the next
+    kernel before the wait rather than after lets its blocks start their weight loads a kernel
+    earlier (the next kernel still waits for this one to finish): measured 2.42 -> 2.20 us a
+    kernel in a dependent chain (tools/launch_overhead.py), 363 -> 352 us a GPT-2 step."""
     ct.grid_dependency_control_launch_dependents()
+    ct.grid_dependency_control_wait()

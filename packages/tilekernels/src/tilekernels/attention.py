@@ -7,10 +7,11 @@ diagonal are never visited; only tiles that cross it (or the ragged end) are mas
 k/v may be views into a longer KV cache (unit stride on the last axis only).
 
 Tq = 1 (decode) takes a split-KV path: the key range is cut into chunks processed by
-separate blocks, all query heads of one KV head together, and a second kernel merges
-the partial softmax states, so a single query still fills the GPU (a one-chunk plan is
-normalised in place, with no merge). (Merging in the last block to
-finish, counted with an atomic, was tried and measured slower.)
+separate blocks, one query head each, in fp32 on CUDA cores (one query row would fill a
+sixteenth of a tensor-core tile), and a second kernel merges the partial softmax states, so
+a single query still fills the GPU (a one-chunk plan is normalised in place, with no merge).
+(Merging in the last block to finish, counted with an atomic, and the tensor-core kernel
+over all query heads of a KV head were tried and measured slower.)
 
 decode_attention is that decode path fed straight from the new token's fused QKV
 projection: RoPE, the KV-cache write and the split-KV attention in one kernel (plus the
@@ -23,7 +24,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
+from ._arrays import array_module, backend, check, inputs_ready, launch, sm_count
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
 from .rope import rotate_half
@@ -32,7 +33,6 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = -float("inf")
-DECODE_TILE_N = 64
 MAX_SPLITS = 64     # the merge kernel holds all splits of one head in one tile
 
 
@@ -71,14 +71,6 @@ def online_softmax_step(s, v, m, l, acc, PRECISE):
     alpha = ct.exp2(m - m_safe)
     acc = tf32_mma(p, v, acc * alpha, PRECISE)
     return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
-
-
-def kv_tile(K, V, b, kvh, j, D, TILE_N):
-    """Key tile j of (b, kvh) transposed to (D, TILE_N), and its values (TILE_N, D)."""
-    k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
-                padding_mode=ct.PaddingMode.ZERO)
-    v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-    return ct.reshape(k, (D, TILE_N)), ct.reshape(v, (TILE_N, D))
 
 
 @ct.kernel
@@ -123,37 +115,56 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     ct.store(O, index=(b, mt, h, 0), tile=ct.reshape(acc / l, (1, TILE_M, 1, D)))
 
 
-def decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE):
-    """Fold cached key tile j into (m, l, acc): keys kstart .. tk - 1 count. Slots past tk
-    (stale, or never written) are masked in the scores and zeroed in the values."""
-    key = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)
-    s = tf32_mma(q, k, ct.full((G_PAD, TILE_N), 0.0, dtype=ct.float32), PRECISE) * scale_log2
-    s = ct.where((key[None, :] < tk) & (key[None, :] >= kstart), s, NEG_INF)
-    v = ct.where(key[:, None] < tk, v, 0.0)
-    return online_softmax_step(s, v, m, l, acc, PRECISE)
+def decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, TILE_N):
+    """Fold cached keys j * TILE_N ... into (m, l, acc) of the query row q (1, D), on CUDA
+    cores in fp32: keys k and values v (TILE_N, D) as stored, scores (TILE_N, 1) in log2
+    units. Keys kstart .. tk - 1 count; slots past tk (stale, or never written) are masked
+    in the scores and zeroed in the values."""
+    key = j * TILE_N + ct.arange(TILE_N, dtype=ct.int32)[:, None]
+    s = ct.sum(k * q, axis=1, keepdims=True) * scale_log2
+    s = ct.where((key < tk) & (key >= kstart), s, NEG_INF)
+    m_new = ct.maximum(m, ct.max(s, axis=0, keepdims=True))
+    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
+    p = ct.exp2(s - m_safe)
+    alpha = ct.exp2(m - m_safe)
+    v = ct.where(key < tk, v, 0.0)
+    acc = acc * alpha + ct.sum(p * v, axis=0, keepdims=True)
+    return m_new, l * alpha + ct.sum(p, axis=0, keepdims=True), acc
 
 
-@ct.kernel
-def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_log2: float,
-                        tiles_per_split: int, half: int, D: ConstInt, G_PAD: ConstInt, TILE_N: ConstInt,
-                        PRECISE: ConstBool, FINAL: ConstBool, NEW: ConstBool, ROPE: ConstBool):
-    """Partial attention of the G query heads of one KV head over one chunk of cached keys.
+def kv_rows(K, V, b, kvh, j, D, TILE_N):
+    """Keys and values j * TILE_N ... as stored, (TILE_N, D) each, in registers (plain loads:
+    issued before the dependency wait they are in flight while the kernel waits)."""
+    k = ct.load(K, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    return ct.reshape(k, (TILE_N, D)), ct.reshape(v, (TILE_N, D))
 
-    Q is viewed as (B, Hkv, G, D); partial outputs PO (B, Hkv, S, G_PAD, D) are
-    unnormalised, with their row max PM and sum PL (B, Hkv, S, G_PAD), in log2 units.
-    KL[0] is the number of cached keys, read on the device so that one captured CUDA
-    graph serves every decode step; chunks past it come out empty (max -inf, sum 0).
-    FINAL (a single chunk holds every key): the normalised output goes straight to O,
-    viewed as (B, Hkv, G, D), and no merge kernel runs.
-    NEW: Q, KN, VN (B, Hkv, 1, D) are views of the new token's fused projection; the last
-    chunk folds its key in and stores k, v at slot KL[0] of K, V. Every cached key was then
-    written by earlier kernels, so the first key tile loads before the dependency wait.
+
+@ct.kernel(occupancy=2)     # 128 registers a thread: two key tiles in flight without spilling
+def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_log2: float, group: int,
+                        tiles_per_split: int, half: int, D: ConstInt, TILE_N: ConstInt,
+                        FINAL: ConstBool, NEW: ConstBool, ROPE: ConstBool):
+    """Partial attention of one query head over one chunk of cached keys, in fp32 on CUDA
+    cores (a decode query is a single row, which a tensor-core mma would pad to 16; measured
+    faster, tools/sweep_decode_attention.py). The next key tile is requested before the
+    current one is folded in.
+
+    Q, O (B, Hq, 1, D); partial outputs PO (B, Hq, S, D) are unnormalised, with their max PM
+    and sum PL (B, Hq, S), in log2 units. KL[0] is the number of cached keys, read on the
+    device so that one captured CUDA graph serves every decode step; chunks past it come out
+    empty (max -inf, sum 0). FINAL (a single chunk holds every key): the normalised output
+    goes straight to O and no merge kernel runs.
+    NEW: KN, VN (B, Hkv, 1, D) are views of the new token's fused projection (Q too); the
+    last chunk folds its key in, and that of the KV head's first query head stores k, v at
+    slot KL[0]. Every cached key was then written by earlier kernels, so the first key tile
+    loads before the dependency wait.
     ROPE (with NEW): q and the new key rotate first, cos and sin gathered from the tables
     COS, SIN (1, P, half) at the token's position KL[0] - KS[b].
     """
     split = ct.bid(0)
-    b = ct.bid(1) // K.shape[1]
-    kvh = ct.bid(1) % K.shape[1]
+    b = ct.bid(1) // Q.shape[1]
+    h = ct.bid(1) % Q.shape[1]
+    kvh = h // group
     tk = ct.load(KL, index=(0,), shape=())
     kstart = ct.load(KS, index=(b,), shape=())
     tiles = ct.cdiv(tk, TILE_N)
@@ -161,58 +172,55 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_
     j1 = min(j0 + tiles_per_split, tiles)
     first = min(j0, max(tiles - 1, 0))     # an empty chunk re-reads a tile, all masked out
     if NEW:
-        k, v = kv_tile(K, V, b, kvh, first, D, TILE_N)
+        k, v = kv_rows(K, V, b, kvh, first, D, TILE_N)
         inputs_ready()
     else:
         inputs_ready()
-        k, v = kv_tile(K, V, b, kvh, first, D, TILE_N)
-    q = ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, G_PAD, D), padding_mode=ct.PaddingMode.ZERO)
-    q = ct.reshape(q, (G_PAD, D))
+        k, v = kv_rows(K, V, b, kvh, first, D, TILE_N)
     c = ct.arange(D, dtype=ct.int32)[None, :]
+    q = ct.reshape(ct.load(Q, index=(b, h, 0, 0), shape=(1, 1, 1, D)), (1, D))
     position = max(tk - kstart, 0)
     if ROPE:
-        g = ct.arange(G_PAD, dtype=ct.int32)[:, None]
-        q = rotate_half(Q, q, b, kvh, g, c, COS, SIN, 0, position, half)
-    if NEW:     # loaded by every block, with q, to keep them off the last chunk's critical path
-        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
-        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
-        if ROPE:
-            kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
-    m = ct.full((G_PAD, 1), NEG_INF, dtype=ct.float32)
-    l = ct.full((G_PAD, 1), 0.0, dtype=ct.float32)
-    acc = ct.full((G_PAD, D), 0.0, dtype=ct.float32)
-    m, l, acc = decode_tile(q, k, v, j0, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE)
+        q = rotate_half(Q, q, b, h, 0, c, COS, SIN, 0, position, half)
+    m = ct.full((1, 1), NEG_INF, dtype=ct.float32)
+    l = ct.full((1, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((1, D), 0.0, dtype=ct.float32)
     for j in range(j0 + 1, j1):
-        k, v = kv_tile(K, V, b, kvh, j, D, TILE_N)
-        m, l, acc = decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, G_PAD, TILE_N, PRECISE)
+        k2, v2 = kv_rows(K, V, b, kvh, j, D, TILE_N)
+        m, l, acc = decode_tile(q, k, v, j - 1, m, l, acc, tk, kstart, scale_log2, TILE_N)
+        k, v = k2, v2
+    m, l, acc = decode_tile(q, k, v, max(j1 - 1, j0), m, l, acc, tk, kstart, scale_log2, TILE_N)
     if NEW:
         if split == ct.num_blocks(0) - 1:
+            kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
+            vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
+            if ROPE:
+                kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
             s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
             m_new = ct.maximum(m, s)
             alpha = ct.exp2(m - m_new)
             p = ct.exp2(s - m_new)
             m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
-            ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)))
-            ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)))
+            if h % group == 0:      # one store per KV head; the other heads mask slot tk out
+                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)))
+                ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)))
     if FINAL:
-        ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc / l, (1, 1, G_PAD, D)))
+        ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)))
     else:
-        ct.store(PO, index=(b, kvh, split, 0, 0), tile=ct.reshape(acc, (1, 1, 1, G_PAD, D)))
-        ct.store(PM, index=(b, kvh, split, 0), tile=ct.reshape(m, (1, 1, 1, G_PAD)))
-        ct.store(PL, index=(b, kvh, split, 0), tile=ct.reshape(l, (1, 1, 1, G_PAD)))
+        ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)))
+        ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)))
+        ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)))
 
 
 @ct.kernel
-def decode_merge_kernel(PO, PM, PL, O, group: int, D: ConstInt):
+def decode_merge_kernel(PO, PM, PL, O, D: ConstInt):
     """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s for one query head."""
     inputs_ready()
     b = ct.bid(0) // O.shape[1]
     h = ct.bid(0) % O.shape[1]
-    kvh = h // group
-    g = h % group
-    m = ct.load(PM, index=(b, kvh, 0, g), shape=(1, 1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.NEG_INF)
-    l = ct.load(PL, index=(b, kvh, 0, g), shape=(1, 1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.ZERO)
-    o = ct.load(PO, index=(b, kvh, 0, g, 0), shape=(1, 1, MAX_SPLITS, 1, D), padding_mode=ct.PaddingMode.ZERO)
+    m = ct.load(PM, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.NEG_INF)
+    l = ct.load(PL, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.ZERO)
+    o = ct.load(PO, index=(b, h, 0, 0), shape=(1, 1, MAX_SPLITS, D), padding_mode=ct.PaddingMode.ZERO)
     m = ct.reshape(m, (MAX_SPLITS, 1))
     w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
     total = ct.sum(w * ct.reshape(l, (MAX_SPLITS, 1)), axis=0, keepdims=True)
@@ -233,22 +241,26 @@ def flash_plan(d: int, causal: bool):
 
 
 
-def decode_splits(tk: int, units: int, sms: int = 132) -> tuple[int, int]:
+def decode_tile_keys(d: int) -> int:
+    """Keys per decode tile: 4096 elements of a (keys, head dim) tile, 16 KB."""
+    return max(1, 4096 // d)
+
+
+def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tuple[int, int]:
     """(key tiles per split, number of splits) so that units * splits fills the GPU twice.
 
     tools/sweep_decode_attention.py: a block's key tiles run one after another, latency
-    bound (load, mma, softmax, load, mma: ~1.5 us a tile), so many short chunks and a merge
-    beat long chunks; a cache of one tile is one chunk, normalised in place."""
-    tiles = -(-tk // DECODE_TILE_N)
+    bound (~1.2 us a tile), so many short chunks and a merge beat long chunks; a cache of
+    one tile is one chunk, normalised in place."""
+    tiles = -(-tk // tile_n)
     want = min(tiles, MAX_SPLITS, max(1, -(-2 * sms // units)))
     per = -(-tiles // want)
     return per, -(-tiles // per)
 
 
-def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, tile_n: int = DECODE_TILE_N,
-                new=None, rope=None):
-    """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles of tile_n keys each,
-    merged by a second kernel unless there is one chunk (tools time plans through this).
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, new=None, rope=None):
+    """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles (decode_tile_keys)
+    each, merged by a second kernel unless there is one chunk (tools time plans through this).
 
     q (B, Hq, 1, D), may be a strided view. new: the new token's (k, v), (B, Hkv, 1, D)
     views, stored at slot kv_len[0] and attended to after the kv_len[0] cached keys.
@@ -258,26 +270,20 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: 
 
     bsz, hq, _, d = q.shape
     hkv = k.shape[1]
-    group = hq // hkv
     out = cupy.empty((bsz, hq, 1, d), dtype=cupy.float32)
-    g_pad = max(16, next_pow2(group))
-    qg = q.reshape(bsz, hkv, group, d)
     kn, vn = new if new is not None else (q, q)
     cos, sin, half = rope if rope is not None else (q, q, 0)
-    flags = (precise(), splits == 1, new is not None, rope is not None)
     if splits == 1:     # the kernel normalises into out itself
         po = pm = pl = q
-        o = out.reshape(qg.shape)
     else:
-        po = cupy.empty((bsz, hkv, splits, g_pad, d), dtype=cupy.float32)
-        pm = cupy.empty((bsz, hkv, splits, g_pad), dtype=cupy.float32)
+        po = cupy.empty((bsz, hq, splits, d), dtype=cupy.float32)
+        pm = cupy.empty((bsz, hq, splits), dtype=cupy.float32)
         pl = cupy.empty_like(pm)
-        o = q
-    launch((splits, bsz * hkv, 1), decode_split_kernel,
-           (qg, k, v, kn, vn, po, pm, pl, o, kv_start, kv_len, cos, sin, scale_log2, per, half, d, g_pad, tile_n,
-            *flags))
+    launch((splits, bsz * hq, 1), decode_split_kernel,
+           (q, k, v, kn, vn, po, pm, pl, out, kv_start, kv_len, cos, sin, scale_log2, hq // hkv, per, half, d,
+            decode_tile_keys(d), splits == 1, new is not None, rope is not None))
     if splits > 1:
-        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, group, d))
+        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, d))
     return out
 
 
@@ -292,7 +298,8 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
     if tq == 1:
         if kv_len is None:
             kv_len = cupy.full(1, tk, dtype=cupy.int32)
-        return decode_cupy(q, k, v, kv_start, kv_len, scale_log2, *decode_splits(tk, bsz * hkv, sm_count()))
+        return decode_cupy(q, k, v, kv_start, kv_len, scale_log2,
+                           *decode_splits(tk, bsz * hq, sm_count(), decode_tile_keys(d)))
     out = cupy.empty((bsz, tq, hq, d), dtype=cupy.float32)
     tm, tn, kernel = flash_plan(d, bool(causal))
     launch((-(-tq // tm), bsz * hq, 1), kernel,
@@ -370,4 +377,4 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     new = (x[:, heads:heads + hkv], x[:, heads + hkv:])
     rope = (cos[None], sin[None], rotary_dim // 2) if cos is not None else None
     return decode_cupy(x[:, :heads], k_cache, v_cache, kv_start, start, float(scale) * LOG2E,
-                       *decode_splits(t_max, bsz * hkv, sm_count()), new=new, rope=rope)
+                       *decode_splits(t_max, bsz * heads, sm_count(), decode_tile_keys(d)), new=new, rope=rope)
