@@ -120,10 +120,20 @@ def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
     return qkv[:, 0, :heads * d].reshape(b, heads, 1, d)
 
 
+def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
+    """decode_attention (one kernel plus merge) at every batch size, not only batch 1."""
+    if qkv.shape[1] != 1:
+        return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
+    cos, sin = cache.rope or (None, None)
+    return tk.decode_attention(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, scale, cache.kv_start,
+                               cos, sin)
+
+
 # whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
 # is an ablation: timing only)
 PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
-         "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention}}
+         "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention},
+         "fused-any-batch": {"attend": fused_any_batch}}
 
 
 def use_plan(name: str) -> None:
