@@ -89,7 +89,7 @@ def glm_asr(batch: int, context: int):
     model = random_glm_asr()
     cache = model.new_cache(context + 300)
     model.forward(rand(1, context, model.config.decoder.hidden_size), cache)
-    return (lambda i, p: model.step(model.w["embed"][i], cache)), cache
+    return (lambda i, p: model.step(tk.embedding(i, model.w["embed"]), cache)), cache
 
 
 LIBRARY_PLAN = lin.linear_plan

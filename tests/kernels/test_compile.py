@@ -16,9 +16,9 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, attention, conv1d, linear, norm, qkv, rope, softmax = (
+act, attention, conv1d, embedding, linear, norm, qkv, rope, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "attention", "conv1d", "linear", "norm", "qkv", "rope", "softmax"))
+    for m in ("activations", "attention", "conv1d", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -77,6 +77,10 @@ def specializations():
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
                     [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
+    for c, pos in ((768, True), (2048, False)):      # GPT-2 tokens + positions, GLM decoder tokens
+        ids = arr(1, dtype=ct.int64)
+        out.append((f"embedding-{c}-pos{pos}", embedding.embedding_kernel,
+                    [ids, ids, arr(2), arr(2), arr(2), pos, min(next_pow2(c), embedding.MAX_TILE)]))
     for d in (64, 128):
         for causal, precise in ((False, False), (True, False), (False, True)):
             tm, tn, kernel = attention.flash_plan(d, causal)

@@ -27,6 +27,20 @@ def test_norms(poisoned, rng, rows, n):
     assert rel_err(tk.rmsnorm(gx, gw, 1e-5), x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w) <= FP32
 
 
+@pytest.mark.parametrize("c,dtype", [(1, np.int64), (7, np.int32), (768, np.int64), (769, np.int32),
+                                     (1281, np.int64), (2048, np.int64)])
+def test_embedding(poisoned, rng, c, dtype):
+    """Rows by token id, plus position rows; ragged widths past one channel tile."""
+    import cupy
+
+    (table, gt), (pos, gp) = pair(rng, 50257, c), pair(rng, 1024, c)
+    ids = rng.integers(0, 50257, (3, 7)).astype(dtype)
+    positions = (rng.integers(0, 1000, (3, 1)) + np.arange(7)).astype(dtype)
+    assert rel_err(tk.embedding(cupy.asarray(ids), gt), table[ids]) == 0.0
+    ref = table[ids].astype(np.float64) + pos[positions]
+    assert rel_err(tk.embedding(cupy.asarray(ids), gt, cupy.asarray(positions), gp), ref) <= FP32
+
+
 @pytest.mark.parametrize("n", [1, 7, 769, 1281, 4096 * 3 + 5])
 def test_activations(poisoned, rng, n):
     (x, gx), (u, gu) = pair(rng, n, scale=4.0), pair(rng, n)

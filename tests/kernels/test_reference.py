@@ -235,3 +235,13 @@ def test_fold_layernorm_without_bias(rng):
     plain, fw, fb = tk.fold_norm(tk.LayerNorm(g, None), w)
     assert fb is None
     assert rel_err(tk.linear(x, fw, norm=plain), tk.linear(x, w, norm=tk.LayerNorm(g, None))) <= 1e-6
+
+
+@pytest.mark.parametrize("c", SIZES)
+def test_embedding_rows_plus_positions(rng, c):
+    table, pos = f32(rng, 50, c), f32(rng, 9, c)
+    ids, positions = rng.integers(0, 50, (2, 9)), np.tile(np.arange(9), (2, 1))
+    assert tk.embedding(ids, table).shape == (2, 9, c)
+    assert np.array_equal(tk.embedding(ids, table), table[ids])
+    ref = table[ids].astype(np.float64) + pos[positions]
+    assert rel_err(tk.embedding(ids.astype(np.int32), table, positions, pos), ref) <= 1e-7

@@ -65,6 +65,13 @@ def test_numpy_in_numpy_out():
     (lambda: tk.softmax(x, axis=2), "axis: expected"),
     (lambda: tk.silu([1.0, 2.0]), "x: expected a numpy or cupy array, got list"),
     (lambda: tk.swiglu(x, FakeCupy()), "all be numpy or all be cupy"),
+    (lambda: tk.embedding(np.zeros(3, np.float32), x), "ids: expected an integer array, got float32"),
+    (lambda: tk.embedding(np.array([0, 4]), x), r"ids: expected values in 0..3, got 0..4"),
+    (lambda: tk.embedding(np.array([0, -1]), x), r"ids: expected values in 0..3, got -1..0"),
+    (lambda: tk.embedding(np.array([0, 1]), x, np.array([0, 1])), "positions and pos_table: pass both"),
+    (lambda: tk.embedding(np.array([0, 1]), x, np.array([0]), x), r"positions: expected shape \(2,\)"),
+    (lambda: tk.embedding(np.array([0, 1]), x, np.array([0, 1]), np.zeros((4, 7), np.float32)),
+     r"pos_table: expected shape \(\*, 8\)"),
 ])
 def test_bad_input_is_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -189,7 +189,7 @@ class GlmAsr:
         if self._decode is None or self._decode.cache.k.shape[3] < length:
             self._decode = self._prefill = None
             cache = self.new_cache(length)
-            self._decode = decoder(self.xp, lambda i, p: self.step(self.w["embed"][i], cache), cache)
+            self._decode = decoder(self.xp, lambda i, p: self.step(tk.embedding(i, self.w["embed"]), cache), cache)
             self._prefill = graphed(self.xp, lambda x: self.step(x, cache))
         self._decode.cache.length = 0
         return self._decode
@@ -197,7 +197,7 @@ class GlmAsr:
     def embed(self, ids: np.ndarray, audio_embeds=None):
         """Token embeddings (1, T, C) with the audio placeholders replaced, in order."""
         xp = self.xp
-        x = self.w["embed"][xp.asarray(ids)]
+        x = tk.embedding(xp.asarray(ids), self.w["embed"])
         if audio_embeds is not None:
             x[xp.asarray(np.flatnonzero(np.asarray(ids) == self.config.audio_token_id))] = audio_embeds
         return x[None]

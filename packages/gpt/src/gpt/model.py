@@ -101,7 +101,7 @@ class GPT:
 
     def step(self, ids, positions, cache: KVCache, last_only: bool = True):
         """The device work of forward, for the span announced by cache.begin (graph-capturable)."""
-        x = self.wte[ids] + self.wpe[positions]
+        x = tk.embedding(ids, self.wte, positions, self.wpe)
         for i, blk in enumerate(self.blocks):
             x = self.attention(i, blk, x, cache)
             x = self.mlp(blk, x)
