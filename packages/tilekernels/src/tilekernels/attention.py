@@ -34,6 +34,7 @@ ConstBool = ct.Constant[bool]
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = -float("inf")
 MAX_SPLITS = 64     # the merge kernel holds all splits of one head in one tile
+MAX_CHUNK_TILES = 8     # batched or long caches: more chunks rather than longer serial loops
 
 
 def visible_keys(tq: int, tk: int, causal: bool, kv_start: np.ndarray) -> np.ndarray:
@@ -247,13 +248,14 @@ def decode_tile_keys(d: int) -> int:
 
 
 def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tuple[int, int]:
-    """(key tiles per split, number of splits) so that units * splits fills the GPU twice.
+    """(key tiles per split, number of splits) so that units * splits fills the GPU twice and
+    no chunk runs more than MAX_CHUNK_TILES tiles.
 
     tools/sweep_decode_attention.py: a block's key tiles run one after another, latency
     bound (~1.2 us a tile), so many short chunks and a merge beat long chunks; a cache of
     one tile is one chunk, normalised in place."""
     tiles = -(-tk // tile_n)
-    want = min(tiles, MAX_SPLITS, max(1, -(-2 * sms // units)))
+    want = min(tiles, MAX_SPLITS, max(1, -(-2 * sms // units), -(-tiles // MAX_CHUNK_TILES)))
     per = -(-tiles // want)
     return per, -(-tiles // per)
 
