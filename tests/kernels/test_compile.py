@@ -16,9 +16,9 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, attention, conv1d, embedding, linear, norm, qkv, rope, softmax = (
+act, attention, embedding, linear, norm, qkv, rope, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "attention", "conv1d", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
+    for m in ("activations", "attention", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -102,9 +102,6 @@ def specializations():
         out.append((f"split-qkv-{d}-rope{rope_on}", qkv.split_qkv_kernel,
                     [arr(4), arr(4), arr(4), arr(4), iarr(1), iarr(1), arr(3), arr(3), I32, qkv.SPLIT_TILE_T, d,
                      rope_on]))
-    for precise in (False, True):
-        out.append((f"conv1d-gelu-p{precise}", conv1d.conv1d_kernel,
-                    [arr(3), arr(3, False), arr(1), arr(3), I32, I32, 3, True, act.GELU_ERF, precise]))
     return out
 
 

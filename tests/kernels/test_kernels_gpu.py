@@ -265,11 +265,14 @@ def test_attention_on_cache_views(poisoned, rng):
 
 
 @pytest.mark.parametrize("b,cin,cout,t,stride", [(1, 128, 1280, 3000, 1), (1, 1280, 1280, 3000, 2),
-                                                 (2, 7, 9, 13, 2), (1, 3, 5, 1, 1)])
+                                                 (2, 7, 9, 13, 2), (1, 3, 5, 1, 1), (3, 129, 769, 1281, 2)])
 def test_conv1d(poisoned, rng, b, cin, cout, t, stride):
     (x, gx), (w, gw), (bias, gb) = pair(rng, b, cin, t), pair(rng, cout, cin, 3), pair(rng, cout)
     ref = tk.conv1d(x, w, bias, stride=stride, padding=1, activation="gelu")
     assert rel_err(tk.conv1d(gx, gw, gb, stride=stride, padding=1, activation="gelu"), ref) <= TF32
+    # the encoder's second convolution reads the first one's output, a transposed view
+    view = gx.transpose(0, 2, 1).copy().transpose(0, 2, 1)
+    assert rel_err(tk.conv1d(view, gw, gb, stride=stride, padding=1), tk.conv1d(x, w, bias, stride, 1)) <= TF32
 
 
 @pytest.mark.parametrize("tq,tk_", [(40, 40), (1, 300), (3, 130)])

@@ -1,23 +1,21 @@
-"""1-D convolution in torch Conv1d layout, as an implicit GEMM on TF32 tensor cores.
+"""1-D convolution in torch Conv1d layout, as a GEMM on the linear op's TF32 tensor-core kernel.
 
 x (B, C_in, T), weight (C_out, C_in, KW) -> (B, C_out, T_out) with
-T_out = (T + 2 * padding - KW) // stride + 1. For each kernel tap the block multiplies
-a (C_out, C_in) weight tile by an input tile gathered at t * stride + tap - padding;
-out-of-range positions read as zero, which is the padding. Bias and an activation
-(GLM-ASR's stem uses exact GELU) are fused into the epilogue.
+T_out = (T + 2 * padding - KW) // stride + 1. On the GPU the input is laid out time-major
+with its padding, (B, T + 2 * padding, C_in), so the KW taps of an output position are KW
+consecutive rows: patch row t is positions t * stride ... t * stride + KW - 1, one strided
+read, copied into a (B * T_out, KW * C_in) matrix that `linear` multiplies by the weight
+reordered to (C_out, KW * C_in), with bias and activation (GLM-ASR's stem uses exact GELU) in
+its epilogue. The result is written (B, T_out, C_out), the layout an encoder reads next, and
+returned as a transposed view. (A direct implicit-GEMM kernel that gathered each tap's
+input tile measured 0.24-0.38x cuDNN.)
 """
 from __future__ import annotations
 
-import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, launch, inputs_ready
-from .activations import activation_code, apply_activation_reference, tile_activation
-from .precision import precise, tf32_mma
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-TILE_CO, TILE_T, TILE_CI = 64, 64, 32
+from ._arrays import backend, check
+from .activations import activation_code, apply_activation_reference
 
 
 def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, stride: int,
@@ -35,34 +33,14 @@ def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     return apply_activation_reference(y, activation)
 
 
-@ct.kernel
-def conv1d_kernel(X, WT, Bias, Y, stride: int, padding: int, KW: ConstInt,
-                  HAS_BIAS: ConstBool, ACT: ConstInt, PRECISE: ConstBool):
-    """WT is the weight viewed as (KW, C_out, C_in); one (TILE_CO, TILE_T) output tile."""
-    inputs_ready()
-    b = ct.bid(2)
-    co = ct.bid(0)
-    tt = ct.bid(1)
-    c_in = X.shape[1]
-    t_pos = (tt * TILE_T + ct.arange(TILE_T, dtype=ct.int32))[None, :] * stride - padding
-    ci_base = ct.arange(TILE_CI, dtype=ct.int32)[:, None]
-    acc = ct.full((TILE_CO, TILE_T), 0.0, dtype=ct.float32)
-    for c in range(ct.cdiv(c_in, TILE_CI)):
-        ci = c * TILE_CI + ci_base
-        for tap in range(KW):
-            w = ct.load(WT, index=(tap, co, c), shape=(1, TILE_CO, TILE_CI), padding_mode=ct.PaddingMode.ZERO)
-            xs = ct.gather(X, (b, ci, t_pos + tap))
-            acc = tf32_mma(ct.reshape(w, (TILE_CO, TILE_CI)), xs, acc, PRECISE)
-    if HAS_BIAS:
-        acc = acc + ct.load(Bias, index=(co,), shape=(TILE_CO,), padding_mode=ct.PaddingMode.ZERO)[:, None]
-    ct.store(Y, index=(b, co, tt), tile=ct.reshape(tile_activation(acc, ACT), (1, TILE_CO, TILE_T)))
-
-
 def conv1d(x, weight, bias=None, stride: int = 1, padding: int = 0, activation: str | None = None):
-    """torch.nn.functional.conv1d(x, weight, bias, stride, padding), then an optional activation."""
+    """torch.nn.functional.conv1d(x, weight, bias, stride, padding), then an optional activation.
+
+    x may be any strided (B, C_in, T) view. On the GPU the result is a transposed view of a
+    contiguous (B, T_out, C_out)."""
     kind = backend(x=x, weight=weight, bias=bias)
-    code = activation_code(activation)
-    check("x", x, ndim=3)
+    activation_code(activation)     # rejects an unknown name before any work
+    check("x", x, ndim=3, contiguous=False)
     check("weight", weight, ndim=3)
     check("weight", weight, shape=(None, x.shape[1], None))
     if bias is not None:
@@ -77,10 +55,17 @@ def conv1d(x, weight, bias=None, stride: int = 1, padding: int = 0, activation: 
         return conv1d_reference(x, weight, bias, stride, padding, activation)
     import cupy
 
-    bsz, c_out = x.shape[0], weight.shape[0]
-    y = cupy.empty((bsz, c_out, t_out), dtype=cupy.float32)
-    wt = weight.transpose(2, 0, 1)          # strided view, no copy
-    grid = (-(-c_out // TILE_CO), -(-t_out // TILE_T), bsz)
-    launch(grid, conv1d_kernel, (x, wt, weight if bias is None else bias, y, stride, padding,
-                                 weight.shape[2], bias is not None, code, precise()))
-    return y
+    from .linear import linear
+
+    bsz, c_in, t = x.shape
+    c_out, _, kw = weight.shape
+    rows = t + 2 * padding
+    xt = cupy.empty((bsz, rows, c_in), dtype=cupy.float32)         # time-major, padded
+    xt[:, :padding] = 0.0
+    xt[:, padding + t:] = 0.0
+    xt[:, padding:padding + t] = x.transpose(0, 2, 1)
+    step = xt.strides[1]
+    patches = cupy.lib.stride_tricks.as_strided(xt, (bsz, t_out, kw * c_in), (xt.strides[0], stride * step, 4))
+    w2 = cupy.ascontiguousarray(weight.transpose(0, 2, 1)).reshape(c_out, kw * c_in)
+    y = linear(cupy.ascontiguousarray(patches), w2, bias, activation)       # (B, T_out, C_out)
+    return y.transpose(0, 2, 1)
