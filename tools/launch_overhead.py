@@ -92,7 +92,8 @@ def per_launch_us(args, n=2000):
     return (time.perf_counter() - t) / n * 1e6
 
 
-def host_us(n: int = 10000, fn=None) -> float:
+def host_us(fn, n: int = 10000) -> float:
+    """Host us per call of fn()."""
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
@@ -108,8 +109,8 @@ def main():
     host = {"cupy_arrays_us": per_launch_us((*arrs, 1024)),
             "cai_v2_objects_us": per_launch_us((*[Raw(a) for a in arrs], 1024)),
             "torch_tensors_us": per_launch_us((*tens, 1024)),
-            "build_cai_object_us": host_us(fn=lambda: Raw(arrs[0])),
-            "cupy_cai_property_us": host_us(fn=lambda: arrs[0].__cuda_array_interface__)}
+            "build_cai_object_us": host_us(lambda: Raw(arrs[0])),
+            "cupy_cai_property_us": host_us(lambda: arrs[0].__cuda_array_interface__)}
     for k, v in host.items():
         print(f"host {k:24s} {v:6.2f}")
     chain = {}

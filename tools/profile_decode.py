@@ -121,12 +121,10 @@ def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
 
 
 def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
-    """decode_attention (one kernel plus merge) at every batch size, not only batch 1."""
+    """KVCache.fused_decode at every batch size, not only batch 1."""
     if qkv.shape[1] != 1:
         return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
-    cos, sin = cache.rope or (None, None)
-    return tk.decode_attention(qkv, cache.k[layer], cache.v[layer], cache.span[:1], heads, scale, cache.kv_start,
-                               cos, sin)
+    return cache.fused_decode(layer, qkv, heads, scale)
 
 
 # whole-step variants: the batch-1 projection rule and the decode attention route (no-attention

@@ -50,11 +50,16 @@ class KVCache:
         their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
         announced span first (rotated by RoPE when the cache has tables, and q with them)."""
         b, t = qkv.shape[:2]
-        if t == 1 and b == 1:      # decode, one kernel: slot and length live on the device (graph replay)
-            cos, sin = self.rope or (None, None)
-            return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
-                                       self.kv_start, cos, sin)
+        if t == 1 and b == 1:
+            return self.fused_decode(layer, qkv, heads, scale)
         return self.split_then_attend(layer, qkv, heads, scale)
+
+    def fused_decode(self, layer: int, qkv, heads: int, scale: float):
+        """attend for one new token per sequence in one kernel (decode_attention; its merge
+        aside): batch-1 decode. Slot and length live on the device (graph replay)."""
+        cos, sin = self.rope or (None, None)
+        return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
+                                   self.kv_start, cos, sin)
 
     def split_then_attend(self, layer: int, qkv, heads: int, scale: float):
         """attend in two ops, split_qkv storing k, v then attention: prefill, and batched decode,
