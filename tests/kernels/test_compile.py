@@ -16,9 +16,10 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, attention, embedding, linear, norm, qkv, rope, softmax = (
+act, argmax, attention, embedding, increment, linear, norm, qkv, rope, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "attention", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
+    for m in ("activations", "argmax", "attention", "embedding", "increment", "linear", "norm", "qkv", "rope",
+              "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -77,6 +78,14 @@ def specializations():
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
                     [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
+    for b in (1, 8):                # a decode graph's positions (B, int64) and cache span (2, int32)
+        out.append((f"increment-{b}", increment.increment_kernel,
+                    [arr(1, dtype=ct.int64), iarr(1), b, 2, True]))
+    for v in (50257, 59264):        # the two vocabularies
+        tile = argmax.chunk_tile(v)
+        out.append((f"argmax-chunk-{v}", argmax.argmax_chunk_kernel, [arr(2), arr(2), iarr(2), tile]))
+        out.append((f"argmax-pick-{v}", argmax.argmax_pick_kernel,
+                    [arr(2), iarr(2), arr(1, dtype=ct.int64), next_pow2(-(-v // tile))]))
     for c, pos in ((768, True), (2048, False)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}", embedding.embedding_kernel,

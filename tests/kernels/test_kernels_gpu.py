@@ -314,3 +314,31 @@ def test_decode_with_device_length(poisoned, rng):
         ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True)
         got = tk.attention(gq, gk, gv, causal=True, kv_len=cupy.full(1, n, cupy.int32))
         assert rel_err(got, ref) <= FP32, n
+
+
+@pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (2, 769), (1, 1281), (4, 50257), (1, 59264), (2, 300000)])
+def test_argmax(poisoned, rng, rows, n):
+    """First index of the largest value, across chunk boundaries, ties and NaN as numpy."""
+    import cupy
+
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    assert np.array_equal(tk.argmax(cupy.asarray(x)).get(), np.argmax(x, -1))
+    if n > 1:
+        x[0, [n - 1, n // 3]] = 100.0           # a tie in two chunks: the first wins
+        x[-1, :] = -np.inf
+        assert np.array_equal(tk.argmax(cupy.asarray(x)).get(), np.argmax(x, -1))
+        x[0, [n - 1, n // 2]] = np.nan
+        out = cupy.asarray(np.full(rows, -1, np.int64))
+        assert tk.argmax(cupy.asarray(x), out=out) is out
+        assert np.array_equal(out.get(), np.argmax(x, -1))
+
+
+@pytest.mark.parametrize("sizes", [(1,), (1, 2), (8, 2), (769, 1281)])
+def test_increment(rng, sizes):
+    import cupy
+
+    host = [rng.integers(-5, 5, n).astype(dt) for n, dt in zip(sizes, (np.int64, np.int32))]
+    dev = [cupy.asarray(h) for h in host]
+    tk.increment(*dev)
+    for h, d in zip(host, dev):
+        assert d.dtype == h.dtype and np.array_equal(d.get(), h + 1)

@@ -91,6 +91,24 @@ def test_linear(rng, m, k, n, act):
 
 
 @pytest.mark.parametrize("n", SIZES + [50257])
+def test_argmax(rng, n):
+    x = f32(rng, 3, n)
+    x[1, n // 2:] = x[1].max()          # ties: the first index wins
+    assert np.array_equal(tk.argmax(x), np.argmax(x, -1))
+    out = np.full(3, -1, np.int64)
+    assert tk.argmax(x, out=out) is out and np.array_equal(out, np.argmax(x, -1))
+    assert tk.argmax(x[0]).shape == () and int(tk.argmax(x[0])) == int(np.argmax(x[0]))
+
+
+def test_increment():
+    a, b = np.arange(3, dtype=np.int64).reshape(3, 1), np.array([5, 9], np.int32)
+    tk.increment(a, b)
+    assert a.ravel().tolist() == [1, 2, 3] and b.tolist() == [6, 10] and b.dtype == np.int32
+    tk.increment(b)
+    assert b.tolist() == [7, 11]
+
+
+@pytest.mark.parametrize("n", SIZES + [50257])
 def test_softmax(rng, n):
     x = f32(rng, 3, n, scale=10.0)
     x64 = x.astype(np.float64)

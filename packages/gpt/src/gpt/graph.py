@@ -27,9 +27,12 @@ class DecodeGraph:
     step(ids, positions) is the model's device work for one token per sequence, reading
     the cache span that cache.begin announces. The captured graph also takes the argmax
     of the logits and advances ids, positions and span to it on the device, so greedy
-    decoding chains replays with no host work in between (see greedy). Create and call it
-    under a non-default cupy stream (graphs cannot capture the legacy default stream):
-    see device_stream.
+    decoding chains replays with no host work in between (see greedy). The step is captured
+    twice, reading token ids from one buffer and writing the next ids to the other, and the
+    two graphs alternate: a step's tokens are copied to the host on a stream of their own
+    while the next step runs, instead of between steps. Create and call it under a
+    non-default cupy stream (graphs cannot capture the legacy default stream): see
+    device_stream.
     """
 
     def __init__(self, step: Callable, cache: KVCache):
@@ -37,49 +40,57 @@ class DecodeGraph:
 
         b = cache.k.shape[1]
         self.cache = cache
-        self.ids = cupy.zeros((b, 1), cupy.int64)
+        self.ids = [cupy.zeros((b, 1), cupy.int64) for _ in range(2)]   # graph p reads ids[p], writes ids[1 - p]
         self.positions = cupy.zeros((b, 1), cupy.int64)
-        self.pool = cupy.cuda.MemoryPool()
+        self.parity = 0         # the graph the next step replays
+        self.copies = cupy.cuda.Stream(non_blocking=True)
+        self.pools = [cupy.cuda.MemoryPool() for _ in range(2)]
+        self.graphs, self.logits = [], []
         stream = cupy.cuda.get_current_stream()
-        cache.begin(1)      # the warm-up writes the next position; the first real step overwrites it
-        with cupy.cuda.using_allocator(self.pool.malloc):
-            self._step(step)                                # compiles kernels, fills the pool
-            cache.begin(1)
-            stream.begin_capture()
-            self.logits, self.tokens = self._step(step)
-            self.graph = stream.end_capture()
+        for p, pool in enumerate(self.pools):
+            cache.begin(1)      # the warm-up writes the next position; the first real step overwrites it
+            with cupy.cuda.using_allocator(pool.malloc):
+                self._step(step, p)                         # compiles kernels, fills the pool
+                cache.begin(1)
+                stream.begin_capture()
+                self.logits.append(self._step(step, p))
+                self.graphs.append(stream.end_capture())
 
-    def _step(self, step: Callable):
-        logits = step(self.ids, self.positions)
-        tokens = logits.argmax(-1)
-        self.ids[:, 0] = tokens
-        self.positions += 1
-        self.cache.span += 1
-        return logits, tokens
+    def _step(self, step: Callable, p: int):
+        logits = step(self.ids[p], self.positions)
+        tk.argmax(logits, out=self.ids[1 - p][:, 0])       # the next step's input ids
+        tk.increment(self.positions, self.cache.span)
+        return logits
 
-    def launch(self) -> None:
-        """Replay one step from the ids, positions and span already on the device."""
+    def launch(self):
+        """Replay one step from the ids, positions and span already on the device; returns
+        its logits and the (B,) token ids it chose (device arrays its graph rewrites when
+        it next runs)."""
         import cupy
 
-        self.graph.launch(cupy.cuda.get_current_stream())
+        p = self.parity
+        self.graphs[p].launch(cupy.cuda.get_current_stream())
         self.cache.length += 1
+        self.parity = 1 - p
+        return self.logits[p], self.ids[1 - p][:, 0]
 
     def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
         """Host values of the next step's token ids, positions and cache span."""
         self.cache.begin(1)
-        self.ids.set(np.asarray(ids, np.int64).reshape(-1, 1))
+        self.ids[self.parity].set(np.asarray(ids, np.int64).reshape(-1, 1))
         self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray):
         self._seed(ids, positions)
-        self.launch()
-        return self.logits
+        return self.launch()[0]
 
     def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """The (B,) argmax tokens of `steps` steps starting from ids at positions.
 
         Each replay feeds its own argmax to the next; the host reads every token through
-        pinned memory one step behind the GPU, so the GPU never waits for the host.
+        pinned memory one step behind the GPU, so the GPU never waits for the host. A step's
+        tokens are copied on the side stream while the next step runs (that step only reads
+        them); the step after, which overwrites them, is launched once the copy is done.
         Stopping early leaves at most one extra step in the cache.
         """
         import cupy
@@ -87,13 +98,14 @@ class DecodeGraph:
 
         self._seed(ids, positions)
         stream = cupy.cuda.get_current_stream()
-        host = [cupyx.empty_pinned(self.tokens.shape, np.int64) for _ in range(2)]
+        host = [cupyx.empty_pinned(self.ids[0].shape[:1], np.int64) for _ in range(2)]
         ready = [None, None]
 
         def issue(s: int) -> None:
-            self.launch()
-            self.tokens.get(stream=stream, out=host[s % 2], blocking=False)
-            ready[s % 2] = stream.record()
+            _, tokens = self.launch()
+            self.copies.wait_event(stream.record())
+            tokens.get(stream=self.copies, out=host[s % 2], blocking=False)
+            ready[s % 2] = self.copies.record()
 
         if steps > 0:
             issue(0)

@@ -27,6 +27,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import backend, check, inputs_ready, launch, next_pow2, sm_count
+from ._reduce import sums2, sums4
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import precise, tf32_mma
@@ -58,7 +59,8 @@ NO_NORM, LAYER, RMS = 0, 1, 2
 
 
 def norm_input(x, x0, k, s1, s2, k_total, TILE_K: int, NORM: int):
-    """Chunk k of the rows x as the product sees it, and the running sums for norm_scale.
+    """Chunk k of the rows x as the product sees it, and the running sums for norm_scale
+    (elementwise: reduced once at the end, with the product where possible: _reduce).
 
     LAYER shifts x by x0, each row's first element: with the weight rows centred by
     fold_norm, (x - x0) @ w.T equals (x - mean) @ w.T, and sums of x - x0 keep the variance
@@ -72,11 +74,12 @@ def norm_input(x, x0, k, s1, s2, k_total, TILE_K: int, NORM: int):
     return x, s1, s2
 
 
-def norm_scale(s1, s2, k_total, eps: float):
-    """1/std (LAYER) or 1/rms (RMS, s1 = 0) of each row, (TILE_M, 1)."""
+def norm_scale(t1, t2, k_total, eps: float):
+    """1/std (LAYER) or 1/rms (RMS, t1 = 0) of each row from the row sums t1, t2 of
+    norm_input's s1, s2, (rows, 1)."""
     inv_k = 1.0 / k_total
-    mean = ct.sum(s1, axis=1, keepdims=True) * inv_k
-    var = ct.maximum(ct.sum(s2, axis=1, keepdims=True) * inv_k - mean * mean, 0.0)
+    mean = t1 * inv_k
+    var = ct.maximum(t2 * inv_k - mean * mean, 0.0)
     return ct.rsqrt(var + eps)
 
 
@@ -164,9 +167,9 @@ def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: Cons
     for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
         acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
-    y = ct.reshape(ct.sum(acc, axis=1), (1, TILE_N))
-    up = ct.reshape(ct.sum(acc2, axis=1), (1, TILE_N))
-    epilogue(y, up, norm_scale(s1, s2, X.shape[1], eps), bias, res, Y, m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
+    y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
+    epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
+             m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
 def skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
@@ -199,7 +202,7 @@ def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: Co
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, True)
         acc, acc2, s1, s2 = skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
                                          PRECISE)
-    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
+    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(*sums2(s1, s2, axis=1), X.shape[1], eps),
              bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
              HAS_BIAS, ACT, GLU, RESID, NORM)
 
