@@ -85,6 +85,9 @@ def main():
     bench("swiglu", "8192x6144", lambda: tk.swiglu(g, u), lambda: F.silu(T(g)) * T(u), 3 * g.nbytes)
     x = rand(8, 50257, scale=5.0)
     bench("softmax", "8x50257", lambda: tk.softmax(x), lambda: torch.softmax(T(x), -1), 2 * x.nbytes)
+    for rows_ in (1, 8):
+        x = rand(rows_, 50257, scale=5.0)
+        bench("argmax", f"{rows_}x50257", lambda: tk.argmax(x), lambda: torch.argmax(T(x), -1), x.nbytes)
 
     shapes = [(768, 2304), (768, 3072), (3072, 768), (768, 50257), (1280, 5120), (5120, 1280),
               (2048, 6144), (6144, 2048), (2048, 59264)]
