@@ -2,8 +2,8 @@
 (token positions, the KV cache's span) for the next replay.
 
 One dependent launch for up to two arrays: a cupy `+= 1` in a decode graph is an ordinary
-launch that the next step's first kernel cannot overlap (cupy's argmax there cost 40 us of a
-345 us GPT-2 step, benchmarks/results/exp-ab-gpt2-h100.json).
+launch that the next step's first kernel cannot overlap (two of them cost 1 to 4 us a step,
+benchmarks/results/decode-profile-*-b1-h100-increment-gemv-heads.json).
 """
 from __future__ import annotations
 
