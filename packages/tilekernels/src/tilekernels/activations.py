@@ -72,9 +72,16 @@ def apply_activation_reference(x: np.ndarray, activation: str | None) -> np.ndar
 
 
 # ---------------------------------------------------------------- tile functions
+def fast_div(x, y):
+    """x / y to 2 ulp (div.full: one reciprocal and a multiply). The IEEE-rounded division
+    branches to a slow path per element, which serialises a tile epilogue: exact GELU on
+    the encoder's fc1 cost 46 us over the plain product, measured on an H100."""
+    return ct.truediv(x, y, rounding_mode=ct.RoundingMode.FULL)
+
+
 def tile_erfc(z):
     a = ct.abs(z)
-    t = 1.0 / (1.0 + 0.5 * a)
+    t = fast_div(1.0, 1.0 + 0.5 * a)
     poly = t * 0.17087277 - 0.82215223
     poly = poly * t + 1.48851587
     poly = poly * t - 1.13520398
@@ -91,11 +98,11 @@ def tile_erfc(z):
 def tile_activation(x, ACT):
     """Apply activation code ACT (a compile-time constant) to a float32 tile."""
     if ACT == GELU_TANH:    # 0.5 (1 + tanh u) = sigmoid(2u): no cancellation in the negative tail
-        return x / (1.0 + ct.exp(-2.0 * SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+        return fast_div(x, 1.0 + ct.exp(-2.0 * SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
     elif ACT == GELU_ERF:
         return 0.5 * x * tile_erfc(x * -INV_SQRT2)
     elif ACT == SILU:
-        return x / (1.0 + ct.exp(-x))
+        return fast_div(x, 1.0 + ct.exp(-x))
     else:
         return x
 

@@ -25,6 +25,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, sm_count
+from .activations import fast_div
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
 from .rope import rotate_half
@@ -113,7 +114,8 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
             s = ct.where(visible, s, NEG_INF)
         v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
         m, l, acc = online_softmax_step(s, ct.reshape(v, (TILE_N, D)), m, l, acc, PRECISE)
-    ct.store(O, index=(b, mt, h, 0), tile=ct.reshape(acc / l, (1, TILE_M, 1, D)))
+    # one reciprocal a row: dividing the tile elementwise took the slow division path per element
+    ct.store(O, index=(b, mt, h, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, TILE_M, 1, D)))
 
 
 def decode_tile(q, k, v, j, m, l, acc, tk, kstart, scale_log2, TILE_N):
