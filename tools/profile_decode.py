@@ -116,13 +116,8 @@ def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
     kernels), so the step's time without its attention path can be read off."""
     if qkv.shape[1] != 1:
         return LIBRARY_ATTEND(cache, layer, qkv, heads, scale)
-    return qkv[:, :, :heads * cache.k.shape[-1]]
-
-
-def via_split_qkv(cache: KVCache, layer: int, qkv, heads: int, scale: float):
-    """KVCache.split_then_attend at every batch size (split_qkv, then attention and its merge)."""
-    y = cache.split_then_attend(layer, qkv, heads, scale)
-    return cupy.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(*qkv.shape[:2], -1)
+    b, d = qkv.shape[0], cache.k.shape[-1]
+    return qkv[:, 0, :heads * d].reshape(b, heads, 1, d)
 
 
 def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
@@ -135,21 +130,14 @@ def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
 # whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
 # is an ablation: timing only)
 PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
-         "split-qkv": {"attend": via_split_qkv}, "no-attention": {"attend": no_attention},
-         "fused-any-batch": {"attend": fused_any_batch},
-         "merge-kernel": {"linear": {"MERGE_MAX_TILE": 0}},
-         "merge-in-gemv-4": {"linear": {"MERGE_TILE_N": 4}}}
-# merge-kernel: decode attention's split-KV chunks merged by their own kernel, as before the
-# output projection merged them as it loads them (merge-in-gemv-N: N outputs a block)
-LIBRARY_LINEAR = {name: getattr(lin, name) for name in ("MERGE_MAX_TILE", "MERGE_TILE_N")}
+         "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention},
+         "fused-any-batch": {"attend": fused_any_batch}}
 
 
 def use_plan(name: str) -> None:
     plan = PLANS[name]
     lin.linear_plan = plan.get("linear_plan", LIBRARY_PLAN)
     KVCache.attend = plan.get("attend", LIBRARY_ATTEND)
-    for attr, value in {**LIBRARY_LINEAR, **plan.get("linear", {})}.items():
-        setattr(lin, attr, value)
 
 
 def plan_names(value: str) -> list[str]:

@@ -57,19 +57,13 @@ def specializations():
         name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}"
         gemv_tiles = (1, 2048) if glu or nrm == linear.RMS else (2, 1024)
         out.append((f"gemv-{name}", linear.gemv_kernel,
-                    [arr(2), arr(4), arr(3), arr(3), *[arr(2)] * 2, arr(1), arr(2), arr(2), F32, *gemv_tiles,
-                     bias, code, glu, res, nrm, False, 0, 0]))
+                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, False]))
         for precise in (False, True):
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
                         [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *(linear.SKINNY_GLU if glu else linear.SKINNY),
                          bias, code, glu, res, nrm, precise]))
-    out.append(("gemv-tma", linear.gemv_kernel, [arr(2), arr(4), arr(3), arr(3), *[arr(2)] * 2, arr(1), arr(2),
-                                                  arr(2), F32, 32, 256, True, 0, False, False, linear.LAYER, True,
-                                                  0, 0]))
-    for bias, k, d, splits in ((True, 1024, 64, 8), (False, 2048, 128, 4)):   # GPT-2, GLM-ASR out-projections
-        out.append((f"gemv-merge-{k}-{d}-{splits}", linear.gemv_kernel,
-                    [arr(4), arr(4), arr(3), arr(3), *[arr(2)] * 2, arr(1), arr(2), arr(2), F32,
-                     linear.MERGE_TILE_N, k, bias, 0, False, True, linear.NO_NORM, False, d, splits]))
+    out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, 32, 256,
+                                                  True, 0, False, False, linear.LAYER, True]))
     for bias, code, glu, res in ((True, 0, False, False), (True, 0, False, True), (True, act.GELU_ERF, False, False),
                                  (True, act.GELU_TANH, False, False), (False, 0, False, False),
                                  (False, 0, False, True), (False, act.SILU, True, False)):

@@ -193,34 +193,6 @@ def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
         assert bool(cupy.isnan(gk[:, :, s + 1:]).all()) and bool(cupy.isnan(gv[:, :, s + 1:]).all()), s
 
 
-@pytest.mark.parametrize("hq,hkv,d,t_max,n,bias,in_gemv", [
-    (12, 12, 64, 289, 768, True, True), (16, 16, 64, 1024, 1024, True, True), (12, 12, 64, 300, 769, False, True),
-    (3, 3, 64, 140, 7, True, True), (16, 4, 128, 515, 2048, False, False), (12, 12, 64, 64, 768, True, False)])
-def test_projection_merges_split_attention(poisoned, rng, hq, hkv, d, t_max, n, bias, in_gemv):
-    """decode_attention(merge=False) then linear, which merges the split-KV chunks as it loads
-    them (or the merge kernel first, when they exceed its tile; or one chunk, already
-    normalised), against float64."""
-    import cupy
-
-    from tilekernels.linear import linear_plan, merge_splits_in_gemv
-
-    for s in sorted({0, 63, 64, 200, t_max - 1} & set(range(t_max))):
-        qkv = rng.standard_normal((1, 1, (hq + 2 * hkv) * d)).astype(np.float32)
-        kc, vc = rng.standard_normal((2, 1, hkv, t_max, d)).astype(np.float32)
-        (w, gw), (b, gb), (r, gr) = pair(rng, n, hq * d), pair(rng, n), pair(rng, 1, 1, n)
-        start = np.array([s], np.int32)
-        attn = tk.decode_attention(qkv, kc, vc, start, hq).astype(np.float64).reshape(1, 1, -1)
-        ref = attn @ w.T.astype(np.float64) + r + (b if bias else 0.0)
-        parts = tk.decode_attention(cupy.asarray(qkv), cupy.asarray(kc), cupy.asarray(vc), cupy.asarray(start), hq,
-                                    merge=False)
-        if t_max > 64:
-            assert isinstance(parts, tk.SplitKV)
-            assert (merge_splits_in_gemv(parts, linear_plan(1, n, hq * d), None) > 0) == in_gemv
-        got = tk.linear(parts, gw, gb if bias else None, residual=gr)
-        assert got.shape == (1, 1, n)
-        assert rel_err(got, ref) <= FP32, s
-
-
 @pytest.fixture
 def highest():
     tk.set_matmul_precision("highest")

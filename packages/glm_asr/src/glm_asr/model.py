@@ -173,10 +173,12 @@ class GlmAsr:
     def step(self, x, cache: KVCache):
         """The device work of forward for the span cache.begin announced (graph-capturable)."""
         d, xp, w = self.config.decoder, self.xp, self.w
+        b, t, n = x.shape
         D = d.head_dim
         for i, L in enumerate(w["decoder"]):
             qkv = tk.linear(x, L.qkv, norm=L.ln1)
-            y = cache.attend(i, qkv, d.num_heads, D ** -0.5)                 # (B, T, H D), RoPE from the cache
+            y = cache.attend(i, qkv, d.num_heads, D ** -0.5)                 # (B, H, T, D), RoPE from the cache
+            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, d.num_heads * D)
             x = tk.linear(y, L.o, residual=x)
             x = tk.linear(tk.linear(x, L.gate_up, activation="swiglu", norm=L.ln2), L.down, residual=x)
         return tk.linear(xp.ascontiguousarray(x[:, -1]), w["lm_head"], norm=w["norm"])

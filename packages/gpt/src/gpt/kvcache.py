@@ -46,23 +46,20 @@ class KVCache:
             self.span[...] = span
 
     def attend(self, layer: int, qkv, heads: int, scale: float):
-        """Causal attention of the new tokens over everything cached so far, heads side by
-        side (B, T, Hq * D), from their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v
-        go into `layer` at the announced span first (rotated by RoPE when the cache has
-        tables, and q with them). Batch-1 decode on the GPU may return it unmerged
-        (tk.SplitKV), which the output projection (tk.linear) merges as it loads it."""
+        """Causal attention (B, Hq, T, D) of the new tokens over everything cached so far, from
+        their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
+        announced span first (rotated by RoPE when the cache has tables, and q with them)."""
         b, t = qkv.shape[:2]
         if t == 1 and b == 1:
             return self.fused_decode(layer, qkv, heads, scale)
-        y = self.split_then_attend(layer, qkv, heads, scale)
-        return tk.array_module(y).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
+        return self.split_then_attend(layer, qkv, heads, scale)
 
     def fused_decode(self, layer: int, qkv, heads: int, scale: float):
-        """attend for one new token per sequence in one kernel (decode_attention, its split-KV
-        chunks left unmerged): batch-1 decode. Slot and length live on the device (graph replay)."""
+        """attend for one new token per sequence in one kernel (decode_attention; its merge
+        aside): batch-1 decode. Slot and length live on the device (graph replay)."""
         cos, sin = self.rope or (None, None)
         return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
-                                   self.kv_start, cos, sin, merge=False)
+                                   self.kv_start, cos, sin)
 
     def split_then_attend(self, layer: int, qkv, heads: int, scale: float):
         """attend in two ops, split_qkv storing k, v then attention: prefill, and batched decode,

@@ -78,8 +78,10 @@ class GPT:
     def attention(self, i: int, blk: Block, x, cache: KVCache):
         """x + causal self-attention of ln_1(x) for the new tokens x (B, T, C) over the
         cache and themselves."""
+        b, t, c = x.shape
         qkv = tk.linear(x, blk.attn_w, blk.attn_b, norm=blk.ln_1)
-        y = cache.attend(i, qkv, self.config.n_head, self.config.attn_scale(i))    # (B, T, C)
+        y = cache.attend(i, qkv, self.config.n_head, self.config.attn_scale(i))    # (B, H, T, D)
+        y = self.xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
         return tk.linear(y, blk.proj_w, blk.proj_b, residual=x)
 
     def mlp(self, blk: Block, x):

@@ -6,7 +6,7 @@ reference (the specification), cupy arrays run the cuTile kernel.
 from ._arrays import array_module, is_device
 from .activations import gelu, silu, swiglu
 from .argmax import argmax
-from .attention import SplitKV, attention, decode_attention
+from .attention import attention, decode_attention
 from .conv1d import conv1d
 from .embedding import embedding
 from .increment import increment
@@ -19,7 +19,7 @@ from .softmax import softmax
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "SplitKV", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu", "increment",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu", "increment",
     "is_device",
     "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu",
 ]

@@ -20,7 +20,6 @@ merge), the cached keys' first tile requested before the kernel waits for its in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import cuda.tile as ct
 import numpy as np
@@ -153,9 +152,8 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_
     faster, tools/sweep_decode_attention.py). The next key tile is requested before the
     current one is folded in.
 
-    Q, O (B, Hq, 1, D); partial outputs PO (B, S, Hq, D) are unnormalised, with their max PM
-    and sum PL (B, S, Hq), in log2 units (split-major, so a consumer merges each output
-    element over the splits it holds itself: merged_heads). KL[0] is the number of cached keys, read on the
+    Q, O (B, Hq, 1, D); partial outputs PO (B, Hq, S, D) are unnormalised, with their max PM
+    and sum PL (B, Hq, S), in log2 units. KL[0] is the number of cached keys, read on the
     device so that one captured CUDA graph serves every decode step; chunks past it come out
     empty (max -inf, sum 0). FINAL (a single chunk holds every key): the normalised output
     goes straight to O and no merge kernel runs.
@@ -212,33 +210,9 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_
     if FINAL:
         ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)))
     else:
-        ct.store(PO, index=(b, split, h, 0), tile=ct.reshape(acc, (1, 1, 1, D)))
-        ct.store(PM, index=(b, split, h), tile=ct.reshape(m, (1, 1, 1)))
-        ct.store(PL, index=(b, split, h), tile=ct.reshape(l, (1, 1, 1)))
-
-
-def merged_heads(PO, PM, PL, b, HEADS: int, SPLITS: int, D: int):
-    """The attention output of sequence b, heads side by side (1, HEADS * D), merged from its
-    partials (see decode_split_kernel); HEADS and SPLITS are powers of two at least the
-    arrays' own counts, the padding reading as zeros. Tensor-memory loads: plain loads of
-    these ragged tiles spent thousands of instructions on per-element bounds (SASS)."""
-    shape = (1, SPLITS, HEADS)
-    real = ((ct.arange(SPLITS, dtype=ct.int32)[:, None] < PM.shape[1])
-            & (ct.arange(HEADS, dtype=ct.int32)[None, :] < PM.shape[2]))
-    m = ct.reshape(ct.load(PM, index=(b, 0, 0), shape=shape, padding_mode=ct.PaddingMode.ZERO, allow_tma=True),
-                   (SPLITS, HEADS))
-    m = ct.where(real, m, NEG_INF)
-    l = ct.reshape(ct.load(PL, index=(b, 0, 0), shape=shape, padding_mode=ct.PaddingMode.ZERO, allow_tma=True),
-                   (SPLITS, HEADS))
-    o = ct.load(PO, index=(b, 0, 0, 0), shape=(1, SPLITS, HEADS, D), padding_mode=ct.PaddingMode.ZERO,
-                allow_tma=True)
-    top = ct.max(m, axis=0, keepdims=True)
-    top = ct.where(top == NEG_INF, 0.0, top)
-    w = ct.exp2(m - top)
-    total = ct.sum(w * l, axis=0, keepdims=True)
-    w = w * fast_div(1.0, ct.where(total > 0.0, total, 1.0))
-    out = ct.sum(ct.reshape(w, (SPLITS, HEADS, 1)) * ct.reshape(o, (SPLITS, HEADS, D)), axis=0)
-    return ct.reshape(out, (1, HEADS * D))
+        ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)))
+        ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)))
+        ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)))
 
 
 @ct.kernel
@@ -247,42 +221,14 @@ def decode_merge_kernel(PO, PM, PL, O, D: ConstInt):
     inputs_ready()
     b = ct.bid(0) // O.shape[1]
     h = ct.bid(0) % O.shape[1]
-    m = ct.load(PM, index=(b, 0, h), shape=(1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.NEG_INF)
-    l = ct.load(PL, index=(b, 0, h), shape=(1, MAX_SPLITS, 1), padding_mode=ct.PaddingMode.ZERO)
-    o = ct.load(PO, index=(b, 0, h, 0), shape=(1, MAX_SPLITS, 1, D), padding_mode=ct.PaddingMode.ZERO)
+    m = ct.load(PM, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.NEG_INF)
+    l = ct.load(PL, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.ZERO)
+    o = ct.load(PO, index=(b, h, 0, 0), shape=(1, 1, MAX_SPLITS, D), padding_mode=ct.PaddingMode.ZERO)
     m = ct.reshape(m, (MAX_SPLITS, 1))
     w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
     total = ct.sum(w * ct.reshape(l, (MAX_SPLITS, 1)), axis=0, keepdims=True)
     out = ct.sum(w * ct.reshape(o, (MAX_SPLITS, D)), axis=0, keepdims=True) / total
     ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)))
-
-
-@dataclass
-class SplitKV:
-    """Decode attention before its split-KV merge (decode_attention(merge=False)): unnormalised
-    partial outputs po (B, S, H, D) with their maxima pm and sums pl (B, S, H), log2 units.
-
-    It stands for the merged output with heads side by side, (B, 1, H * D): tk.linear merges
-    the heads as it loads them when its kernel can (a batch-1 projection whose input row is
-    one tile), which saves the merge kernel and its dependent launch; anything else calls
-    merge()."""
-    po: object
-    pm: object
-    pl: object
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        b, _, h, d = self.po.shape
-        return b, 1, h * d
-
-    def merge(self):
-        """The merged (B, 1, H * D), by the merge kernel."""
-        import cupy
-
-        b, _, h, d = self.po.shape
-        out = cupy.empty((b, h, 1, d), dtype=cupy.float32)
-        launch((b * h, 1, 1), decode_merge_kernel, (self.po, self.pm, self.pl, out, d))
-        return out.reshape(self.shape)
 
 
 flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
@@ -316,11 +262,9 @@ def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tupl
     return per, -(-tiles // per)
 
 
-def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, new=None, rope=None,
-                merge: bool = True):
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, new=None, rope=None):
     """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles (decode_tile_keys)
-    each, merged by a second kernel unless there is one chunk (tools time plans through this);
-    merge=False returns the chunks unmerged (SplitKV) instead.
+    each, merged by a second kernel unless there is one chunk (tools time plans through this).
 
     q (B, Hq, 1, D), may be a strided view. new: the new token's (k, v), (B, Hkv, 1, D)
     views, stored at slot kv_len[0] and attended to after the kv_len[0] cached keys.
@@ -336,16 +280,15 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: 
     if splits == 1:     # the kernel normalises into out itself
         po = pm = pl = q
     else:
-        po = cupy.empty((bsz, splits, hq, d), dtype=cupy.float32)
-        pm = cupy.empty((bsz, splits, hq), dtype=cupy.float32)
+        po = cupy.empty((bsz, hq, splits, d), dtype=cupy.float32)
+        pm = cupy.empty((bsz, hq, splits), dtype=cupy.float32)
         pl = cupy.empty_like(pm)
     launch((splits, bsz * hq, 1), decode_split_kernel,
            (q, k, v, kn, vn, po, pm, pl, out, kv_start, kv_len, cos, sin, scale_log2, hq // hkv, per, half, d,
             decode_tile_keys(d), splits == 1, new is not None, rope is not None))
-    if splits == 1:
-        return out
-    parts = SplitKV(po, pm, pl)
-    return parts.merge().reshape(bsz, hq, 1, d) if merge else parts
+    if splits > 1:
+        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, d))
+    return out
 
 
 def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
@@ -407,7 +350,7 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
 
 
 def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | None = None, kv_start=None,
-                     cos=None, sin=None, rotary_dim: int | None = None, merge: bool = True):
+                     cos=None, sin=None, rotary_dim: int | None = None):
     """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused
     projection qkv (B, 1, (Hq + 2 Hkv) D): what split_qkv then attention compute, in one
     kernel (plus the merge of its split-KV chunks, as attention has).
@@ -418,9 +361,6 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     cos, sin: tables (P, rotary_dim/2) by position, e.g. rope_cos_sin(arange(P)); the token
     of sequence b sits at position start[0] - kv_start[b]. D must be a power of two up to
     256 on the GPU.
-    merge=False: the output as the output projection takes it, heads side by side
-    (B, 1, Hq D); on the GPU, when the keys were split into several chunks, unmerged
-    (SplitKV), for the projection (tk.linear) to merge as it loads it.
     """
     kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
     kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
@@ -434,14 +374,11 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
         if not 0 <= s < t_max:
             raise ValueError(f"start: slot {s} is outside a cache of {t_max}")
         q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, 1, kv_start), rotary_dim)
-        out = attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
-        return out if merge else out.reshape(bsz, 1, -1)
+        return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
     if d & (d - 1) or d > 256:
         raise ValueError(f"k_cache: head dim must be a power of two up to 256 on the GPU, got {d}")
     x = qkv.reshape(bsz, heads + 2 * hkv, 1, d)
     new = (x[:, heads:heads + hkv], x[:, heads + hkv:])
     rope = (cos[None], sin[None], rotary_dim // 2) if cos is not None else None
-    out = decode_cupy(x[:, :heads], k_cache, v_cache, kv_start, start, float(scale) * LOG2E,
-                      *decode_splits(t_max, bsz * heads, sm_count(), decode_tile_keys(d)), new=new, rope=rope,
-                      merge=merge)
-    return out if merge or isinstance(out, SplitKV) else out.reshape(bsz, 1, -1)
+    return decode_cupy(x[:, :heads], k_cache, v_cache, kv_start, start, float(scale) * LOG2E,
+                       *decode_splits(t_max, bsz * heads, sm_count(), decode_tile_keys(d)), new=new, rope=rope)

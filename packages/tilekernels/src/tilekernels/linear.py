@@ -28,7 +28,6 @@ import numpy as np
 
 from ._arrays import backend, check, inputs_ready, launch, next_pow2, sm_count
 from ._reduce import sums2, sums4
-from .attention import SplitKV, merged_heads
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import precise, tf32_mma
@@ -139,34 +138,25 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
 
 
 # ---------------------------------------------------------------- kernels
-def gemv_chunk(x, k, w, w2, acc, acc2, s1, s2, x0, k_total, TILE_K: int, GLU: bool, NORM: int):
-    x, s1, s2 = norm_input(x, x0, k, s1, s2, k_total, TILE_K, NORM)
+def gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int):
+    x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
     acc = acc + w * x
     if GLU:
         acc2 = acc2 + w2 * x
     return acc, acc2, s1, s2
 
 
-def gemv_input(X, PO, PM, PL, m, k, TILE_K: int, HEAD_DIM: int, SPLITS: int):
-    """Chunk k of input row m: loaded from X, or (SPLITS > 0, one chunk) merged from decode
-    attention's split-KV partials PO, PM, PL (attention.merged_heads)."""
-    if SPLITS > 0:
-        return merged_heads(PO, PM, PL, m, TILE_K // HEAD_DIM, SPLITS, HEAD_DIM)
-    return ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
-
-
 @ct.kernel
-def gemv_kernel(X, PO, PM, PL, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
+def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
                 HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                TMA: ConstBool, HEAD_DIM: ConstInt, SPLITS: ConstInt):
+                TMA: ConstBool):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
     elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
     first weight tile (all of K when TILE_K covers it) and the bias are requested before
-    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA.
-    SPLITS > 0: x is decode attention's unmerged output (SplitKV), merged here."""
+    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA."""
     bn = ct.bid(0)
     m = ct.bid(1)
-    k_total = W.shape[1]
     w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, TMA)
     bias = bias_tile(Bias, bn, TILE_N, HAS_BIAS)
     inputs_ready()
@@ -174,14 +164,12 @@ def gemv_kernel(X, PO, PM, PL, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, 
     x0 = first_column(X, m, 1, NORM)
     zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
     stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
-    x = gemv_input(X, PO, PM, PL, m, 0, TILE_K, HEAD_DIM, SPLITS)
-    acc, acc2, s1, s2 = gemv_chunk(x, 0, w, w2, zero, zero, stats, stats, x0, k_total, TILE_K, GLU, NORM)
-    for k in range(1, ct.cdiv(k_total, TILE_K)):
+    acc, acc2, s1, s2 = gemv_chunk(X, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM)
+    for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
-        x = gemv_input(X, PO, PM, PL, m, k, TILE_K, HEAD_DIM, SPLITS)
-        acc, acc2, s1, s2 = gemv_chunk(x, k, w, w2, acc, acc2, s1, s2, x0, k_total, TILE_K, GLU, NORM)
+        acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
     y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
-    epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, k_total, eps)), bias, res, Y,
+    epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
              m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
@@ -312,39 +300,10 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
     return "tiles", tiles, per, -(-k_tiles // per)
 
 
-MERGE_TILE_N = 8        # outputs a GEMV block when it merges attention partials: fewer blocks re-read them
-MERGE_MAX_TILE = 16384  # the partials one block holds (heads x splits x head dim, padded; SASS: no spills)
-
-
-def merge_splits_in_gemv(parts: SplitKV, plan, norm) -> int:
-    """The GEMV's SPLITS for input parts merged as it is loaded (0: merge it first): a one-row
-    GEMV whose input row is one tile and no norm; the partials, padded to powers of two,
-    at most MERGE_MAX_TILE elements."""
-    b, splits, h, d = parts.po.shape
-    if plan[0] != "gemv" or norm is not None or plan[1][1] < h * d:
-        return 0
-    s = next_pow2(splits)
-    return s if next_pow2(h) * s * d <= MERGE_MAX_TILE else 0
-
-
 def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     import cupy
 
     k = x.shape[-1]
-    if isinstance(x, SplitKV):
-        parts, m = x, x.shape[0]
-        plan = linear_plan(m, weight.shape[0], k, glu, sm_count())
-        splits = 0 if glu else merge_splits_in_gemv(parts, plan, norm)
-        if splits:
-            y = cupy.empty((m, weight.shape[0]), dtype=cupy.float32)
-            b = weight if bias is None else bias
-            r = y if residual is None else residual.reshape(y.shape)
-            tn, tk = MERGE_TILE_N, plan[1][1]
-            launch((-(-y.shape[1] // tn), m, 1), gemv_kernel,
-                   (parts.po, parts.po, parts.pm, parts.pl, weight, weight, b, r, y, 0.0, tn, tk,
-                    bias is not None, act, False, residual is not None, NO_NORM, False, parts.po.shape[3], splits))
-            return y.reshape(*x.shape[:-1], -1)
-        x = parts.merge()
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
@@ -363,7 +322,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     flags = (bias is not None, act, glu, residual is not None)
     if plan[0] == "gemv":
         (tn, tk), tma = plan[1:]
-        launch((-(-n // tn), m, 1), gemv_kernel, (x2, x2, x2, x2, w, w2, b, r, y, eps, tn, tk, *flags, code, tma, 0, 0))
+        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, eps, tn, tk, *flags, code, tma))
     elif plan[0] == "skinny":
         tm, tn, tk = plan[1]
         launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
@@ -391,19 +350,15 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     norm: a LayerNorm or RMSNorm applied to x first. A norm without parameters (see
     fold_norm) is computed inside the decode kernels (M <= 16); otherwise it runs first.
     residual: (..., N_out), added last.
-    x may also be decode attention's unmerged output (attention.SplitKV, GPU only): a
-    batch-1 projection then merges it as it loads it, with no merge kernel of its own.
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
         raise TypeError(f"norm: expected a LayerNorm or RMSNorm, got {type(norm).__name__}")
-    parts = x if isinstance(x, SplitKV) else None
-    kind = backend(x=x if parts is None else parts.po, weight=weight, bias=bias, residual=residual,
+    kind = backend(x=x, weight=weight, bias=bias, residual=residual,
                    norm_weight=None if norm is None else norm.weight,
                    norm_bias=getattr(norm, "bias", None))
     glu = activation == "swiglu"
     act = SILU if glu else activation_code(activation)
-    if parts is None:
-        check("x", x, ndim=tuple(range(1, 8)))
+    check("x", x, ndim=tuple(range(1, 8)))
     check("weight", weight, shape=(None, x.shape[-1]))
     n = weight.shape[0]
     if glu:
