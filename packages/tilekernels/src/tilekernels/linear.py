@@ -245,11 +245,12 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
         bias = bias_tile(Bias, bn, TILE_N, HAS_BIAS)
         # the residual joins a slice of rows at a time: a whole residual tile beside the
         # accumulator spilled registers (SASS), ~11 us of the encoder's 1500 x 5120 -> 1280
-        for part in ct.static_iter(range(RESID_PARTS if RESID else 1)):
-            rows = TILE_M // RESID_PARTS if RESID else TILE_M
+        parts = RESID_PARTS if RESID else 1
+        rows = TILE_M // parts
+        for part in ct.static_iter(range(parts)):
             a = ct.extract(acc, (part, 0), shape=(rows, TILE_N))
             up = ct.extract(acc2, (part, 0), shape=(rows, TILE_N))
-            r = bm * (TILE_M // rows) + part
+            r = bm * parts + part
             epilogue(a, up, a, bias, residual_tile(R, r, bn, rows, TILE_N, RESID), Y, r, bn,
                      HAS_BIAS, ACT, GLU, RESID, NO_NORM)
 
