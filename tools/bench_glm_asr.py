@@ -1,8 +1,10 @@
 """GLM-ASR stage times and end to end, ours vs transformers eager (GPU host).
 
-    python tools/bench_glm_asr.py [--out DIR]
+    python tools/bench_glm_asr.py [--out DIR] [--weights bf16|fp32] [--lengths 5,30,120] [--files 32]
 
-Full-size config with random weights, fp32 (TF32 allowed on both sides); 5 s, 30 s and
+Full-size config with random weights in a checkpoint of bfloat16 values as the hub's
+(--weights fp32: float32 values), both sides computing in fp32 (TF32 allowed on both sides;
+ours keeps the bfloat16 matrices as such on the GPU, transformers widens them); 5 s, 30 s and
 120 s of synthetic audio; each 30 s window is one request generating exactly 64 tokens
 (end-of-sequence ignored) on both sides. 'total' is end to end, samples to tokens, one pass:
 glm_asr.transcribe's window loop on our side, the feature extractor and generate() per window
@@ -26,7 +28,7 @@ from glm_asr.features import windows
 from glm_asr.model import GlmAsr
 from gpt.graph import device_stream
 from glm_asr.transcribe import window_tokens
-from parity_glm_asr import prompt_ids, synthetic_speechlike
+from parity_glm_asr import prompt_ids, random_checkpoint, synthetic_speechlike
 
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
@@ -116,24 +118,22 @@ def hf_run(hf, fe, audio):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
+    ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="the checkpoint's dtype")
+    ap.add_argument("--lengths", default="5,30,120", help="audio lengths in seconds, comma-separated")
+    ap.add_argument("--files", type=int, default=32, help="30 s files transcribed one after another (0: skip)")
     args = ap.parse_args()
     import tempfile
-    from pathlib import Path
 
-    from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration, WhisperFeatureExtractor
+    from transformers import WhisperFeatureExtractor
 
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        hf = GlmAsrForConditionalGeneration(GlmAsrConfig()).float().eval()
     with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp, safe_serialization=True)
-        ours = GlmAsr.load(Path(tmp), "gpu")
+        hf, ours = random_checkpoint(tmp, args.weights)
     fe = WhisperFeatureExtractor(feature_size=128)
     rows = []
     warm = synthetic_speechlike(3.0)
     ours_run(ours, warm)
     hf_run(hf, fe, warm)
-    for seconds in (5, 30, 120):
+    for seconds in (int(s) for s in args.lengths.split(",")):
         audio = synthetic_speechlike(seconds)
         _, cold = clock(lambda: ours_transcribe(ours, audio))    # first run: compiles new shapes, captures graphs
         n_ours, total_o = clock(lambda: ours_transcribe(ours, audio))
@@ -152,17 +152,21 @@ def main():
                      "ours_real_time_factor": round(total_o / 1e3 / seconds, 4),
                      "transformers_real_time_factor": round(total_h / 1e3 / seconds, 4)})
         print(rows[-1], flush=True)
-    files = [synthetic_speechlike(30.0, seed=s) for s in range(32)]
-    ours_transcribe(ours, files[0])
-    tokens, ms = clock(lambda: sum(ours_transcribe(ours, a) for a in files))
-    rows.append({"audio_s": 32 * 30, "stage": "32 files x 30 s, total", "ours_ms": round(ms, 1),
-                 "ours_times_real_time": round(32 * 30 / (ms / 1e3), 1), "tokens": tokens})
-    print(rows[-1], flush=True)
-    md = f"GPU: {gpu_name()}; fp32 weights, TF32 allowed; {NEW} tokens per 30 s window.\n\n" + markdown_table(
+    if args.files:
+        files = [synthetic_speechlike(30.0, seed=s) for s in range(args.files)]
+        ours_transcribe(ours, files[0])
+        tokens, ms = clock(lambda: sum(ours_transcribe(ours, a) for a in files))
+        rows.append({"audio_s": args.files * 30, "stage": f"{args.files} files x 30 s, total", "ours_ms": round(ms, 1),
+                     "ours_times_real_time": round(args.files * 30 / (ms / 1e3), 1), "tokens": tokens})
+        print(rows[-1], flush=True)
+    dtype = "bfloat16 (the hub checkpoint's)" if args.weights == "bf16" else "float32"
+    md = (f"GPU: {gpu_name()}; checkpoint in {dtype}, fp32 arithmetic, TF32 allowed; {NEW} tokens per 30 s "
+          "window.\n\n") + markdown_table(
         ["audio s", "stage", "ours", "transformers"],
         [[r["audio_s"], r["stage"], r.get("ours_ms", r.get("ours")), r.get("transformers_ms", r.get("transformers", ""))]
          for r in rows])
-    write_result("glm_asr", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out, md)
+    write_result("glm_asr" + ("" if args.weights == "bf16" else "-fp32"),
+                 {"gpu": gpu_name(), "versions": versions(), "checkpoint_dtype": args.weights, "rows": rows}, args.out, md)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Write a tiny GLM-ASR checkpoint for tests: seeded random weights, tiny dimensions, the
-hub's file layout and key names, and a tokenizer.json with GLM-ASR's special tokens.
+hub's file layout and key names, and a tokenizer.json with GLM-ASR's special tokens. The
+weights are bfloat16 values (the hub checkpoint's dtype), stored as float32, so the GPU keeps
+the matrices in bfloat16 as it does for the real checkpoint (tilekernels.compact).
 
-    python tools/make_tiny_glm_asr.py OUT_DIR [--shards N] [--bf16]
+    python tools/make_tiny_glm_asr.py OUT_DIR [--shards N]
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from ml_dtypes import bfloat16 as BF16
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -53,7 +56,7 @@ def make(out: Path, shards: int = 1, seed: int = 0, enc=64, enc_layers=2, enc_he
     rng = np.random.default_rng(seed)
 
     def r(*shape, s=0.1):
-        return (rng.standard_normal(shape) * s).astype(np.float32)
+        return (rng.standard_normal(shape) * s).astype(BF16).astype(np.float32)
 
     t = {"audio_tower.conv1.weight": r(enc, 128, 3), "audio_tower.conv1.bias": r(enc),
          "audio_tower.conv2.weight": r(enc, enc, 3), "audio_tower.conv2.bias": r(enc),

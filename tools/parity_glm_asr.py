@@ -1,10 +1,12 @@
 """GLM-ASR parity against transformers' GlmAsrForConditionalGeneration (GPU host).
 
-    python tools/parity_glm_asr.py [--out DIR] [--seconds 12]
+    python tools/parity_glm_asr.py [--out DIR] [--seconds 12] [--weights bf16|fp32]
 
 Builds the model from the full-size default config (GLM-ASR-Nano dimensions) with seeded
-random weights in float32, saves it with save_pretrained (safetensors), loads it with our
-loader onto the GPU, and for the same synthetic audio compares: input features with
+random weights, saves it with save_pretrained (safetensors) in bfloat16 as the hub checkpoint
+is published (--weights fp32: in float32), loads it with our loader onto the GPU (a bfloat16
+checkpoint's matrices stay bfloat16 there), runs transformers on it in float32, and for the
+same synthetic audio compares: input features with
 WhisperFeatureExtractor(feature_size=128) (max abs diff, bound 1e-4), prefill logits
 (relative error, bound 1e-3), and 32 greedy tokens (must be identical).
 transformers runs in full fp32 (TF32 off), so the error measured is ours alone. Our logits
@@ -51,13 +53,33 @@ def prompt_ids(cfg, n_audio: int) -> list[int]:
     return [user, nl, boa] + [cfg.audio_token_id] * n_audio + [eoa, user, nl] + text + [assistant, nl]
 
 
+def random_checkpoint(directory: str, weights: str):
+    """transformers' GLM-ASR at full size with seeded random weights, saved to `directory` in
+    bfloat16 ('bf16', the hub checkpoint's dtype) or float32; returned in float32 on the GPU
+    (bfloat16 values widen exactly), as (model, our GlmAsr loaded from the directory)."""
+    from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = GlmAsrForConditionalGeneration(GlmAsrConfig()).float().eval()
+    state = None
+    if weights == "bf16":   # round the parameters only: buffers (RoPE frequencies) stay float32
+        with torch.no_grad():
+            for p in hf.parameters():
+                p.copy_(p.to(torch.bfloat16))
+        state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
+    hf.save_pretrained(directory, state_dict=state, safe_serialization=True)
+    return hf, GlmAsr.load(Path(directory), "gpu")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="the checkpoint's dtype")
     args = ap.parse_args()
-    from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration, WhisperFeatureExtractor
+    from transformers import WhisperFeatureExtractor
 
     audio = synthetic_speechlike(args.seconds)
     fe = WhisperFeatureExtractor(feature_size=128)
@@ -66,13 +88,8 @@ def main():
     feat_diff = float(np.abs(ours_feat - ref_feat).max())
     print(f"features: max abs diff {feat_diff:.2e}")
 
-    torch.manual_seed(0)
-    config = GlmAsrConfig()
-    with torch.device("cuda"):
-        hf = GlmAsrForConditionalGeneration(config).float().eval()
     with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp, safe_serialization=True)
-        ours = GlmAsr.load(Path(tmp), "gpu")
+        hf, ours = random_checkpoint(tmp, args.weights)
     frames = valid_frames(len(audio))
     n_audio = audio_tokens(frames)
     ids = prompt_ids(ours.config, n_audio)
@@ -105,8 +122,9 @@ def main():
     print(f"prefill logits rel err {rel:.2e} (highest), {rel_tf32:.2e} (high, TF32; transformers' own TF32 "
           f"drift {hf_tf32_rel:.2e}); {len(hf_tokens)} greedy tokens identical (highest): {same}")
     ok = feat_diff <= 1e-4 and rel <= 1e-3 and same
-    write_result("glm_asr-parity", {
+    write_result("glm_asr-parity" + ("" if args.weights == "bf16" else "-fp32"), {
         "gpu": gpu_name(), "versions": versions(), "pass": ok, "audio_seconds": args.seconds,
+        "checkpoint_dtype": args.weights,
         "features_max_abs_diff": feat_diff, "features_bound": 1e-4, "prompt_tokens": len(ids),
         "audio_tokens": n_audio, "prefill_logits_rel_err": rel, "rel_err_bound": 1e-3, "matmul_precision": "highest",
         "prefill_logits_rel_err_tf32": rel_tf32, "transformers_tf32_vs_fp32_rel_err": hf_tf32_rel,

@@ -1,9 +1,10 @@
 """Where a decode step spends its GPU time (GPU host).
 
     python tools/profile_decode.py [--model gpt2|glm-asr] [--batch 1] [--context 64] [--plans library,fat-tma]
-                                   [--out DIR]
+                                   [--weights bf16|fp32] [--out DIR]
 
-gpt2 (124M) or the GLM-ASR-Nano text decoder, random weights: times one replay of the captured
+gpt2 (124M) or the GLM-ASR-Nano text decoder, random weights (GLM-ASR's bfloat16 values, as the
+hub checkpoint holds, stored as such: --weights fp32 for float32 ones): times one replay of the captured
 decode graph and the greedy chain per token, with programmatic dependent launch on and off (a
 graph captured for each), then lists each kernel's device time over 5 eager steps
 (torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike), taken with
@@ -49,22 +50,30 @@ def rand(*shape):
     return cupy.random.standard_normal(shape, dtype=cupy.float32) * 0.02
 
 
-def random_glm_asr(encoder: bool = False):
-    """GLM-ASR-Nano at full size with weights drawn on the GPU (norms already folded, as the
-    loader leaves them); the audio encoder and projector only when asked."""
+def random_glm_asr(encoder: bool = False, weights: str = "bf16"):
+    """GLM-ASR-Nano at full size with weights drawn on the GPU, stored as GlmAsr.to leaves
+    them: the text decoder's matrices of bfloat16 values in bfloat16 (weights='bf16', the hub
+    checkpoint's dtype) or float32 ones ('fp32'), RMSNorms with their weight, the encoder in
+    float32 with its LayerNorms folded; the audio encoder and projector only when asked."""
     from transformers import GlmAsrConfig
 
     from glm_asr.config import GlmAsrConfig as Config
     from glm_asr.model import DecoderLayer, EncoderLayer, GlmAsr
 
+    def mat(*shape):
+        m = rand(*shape)
+        return tk.compact((m.view(cupy.uint32) & 0xFFFF0000).view(cupy.float32)) if weights == "bf16" else m
+
     cfg = Config.from_hf(GlmAsrConfig().to_dict())
     d, e = cfg.decoder, cfg.encoder
     n, hd = d.hidden_size, d.head_dim
-    plain = tk.RMSNorm(None, d.rms_norm_eps)
-    w = {"decoder": [DecoderLayer(plain, rand((d.num_heads + 2 * d.num_kv_heads) * hd, n), rand(n, d.num_heads * hd),
-                                  plain, rand(2 * d.intermediate_size, n), rand(n, d.intermediate_size))
+
+    def rms():
+        return tk.RMSNorm(rand(n) + 1, d.rms_norm_eps)
+    w = {"decoder": [DecoderLayer(rms(), mat((d.num_heads + 2 * d.num_kv_heads) * hd, n), mat(n, d.num_heads * hd),
+                                  rms(), mat(2 * d.intermediate_size, n), mat(n, d.intermediate_size))
                      for _ in range(d.num_layers)],
-         "embed": rand(d.vocab_size, n), "norm": plain, "lm_head": rand(d.vocab_size, n)}
+         "embed": mat(d.vocab_size, n), "norm": rms(), "lm_head": mat(d.vocab_size, n)}
     if encoder:
         c, inner = e.hidden_size, e.intermediate_size
         ln = tk.LayerNorm(None, None)
@@ -82,11 +91,11 @@ def random_glm_asr(encoder: bool = False):
     return GlmAsr(cfg, w)
 
 
-def glm_asr(batch: int, context: int):
+def glm_asr(batch: int, context: int, weights: str = "bf16"):
     """The same for GLM-ASR-Nano's decoder (no encoder needed)."""
     if batch != 1:
         raise SystemExit("glm-asr decodes one request at a time: --batch 1")
-    model = random_glm_asr()
+    model = random_glm_asr(weights=weights)
     cache = model.new_cache(context + 300)
     model.forward(rand(1, context, model.config.decoder.hidden_size), cache)
     return (lambda i, p: model.step(tk.embedding(i, model.w["embed"]), cache)), cache
@@ -95,17 +104,26 @@ def glm_asr(batch: int, context: int):
 LIBRARY_PLAN = lin.linear_plan
 
 
-def gemv_heads(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
+def gemv_heads(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
     """The library's rule with the GEMV for vocabulary heads too."""
-    return LIBRARY_PLAN(m, min(n, 4096) if m == 1 else n, k, glu, sms)
+    return LIBRARY_PLAN(m, min(n, 4096) if m == 1 else n, k, glu, sms, itemsize)
 
 
-def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
+def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
     """The previous rule: 8-32 rows per block, TMA loads, the mma kernel for wide heads."""
     if m == 1 and n <= (8192 if glu else 4096):
         tn = (8 if k > 1024 else 16) if n < 1024 else (16 if glu or n < 2304 else 32)
         return "gemv", (tn, 512 if k >= 2048 and tn <= 16 and not glu else 256), True
-    return LIBRARY_PLAN(m, n, k, glu, sms)
+    return LIBRARY_PLAN(m, n, k, glu, sms, itemsize)
+
+
+def plain_bf16(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
+    """The GEMV on bfloat16 weights in the float32 rule's tiles with twice the rows, plain loads."""
+    plan = LIBRARY_PLAN(m, n, k, glu, sms)
+    if plan[0] == "gemv" and itemsize == 2:
+        (tn, tk), _ = plan[1:]
+        return "gemv", (2 * tn, tk), False
+    return plan
 
 
 LIBRARY_ATTEND = KVCache.attend
@@ -130,6 +148,7 @@ def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
 # whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
 # is an ablation: timing only)
 PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
+         "plain-bf16": {"linear_plan": plain_bf16},
          "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention},
          "fused-any-batch": {"attend": fused_any_batch}}
 
@@ -176,14 +195,15 @@ def main():
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--plans", type=plan_names, default=[],
                     help=f"also time whole steps under these plans: {', '.join(PLANS)}")
+    ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="GLM-ASR's matrices (gpt2: fp32)")
     ap.add_argument("--out")
     args = ap.parse_args()
     b, t = args.batch, args.context
     ids, pos = np.ones((b, 1)), np.full((b, 1), t)
     result = {"gpu": gpu_name(), "versions": versions(), "model": f"{args.model}, random weights", "batch": b,
-              "context": t}
+              "context": t, "weights": "fp32" if args.model == "gpt2" else args.weights}
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        step, cache = (gpt2 if args.model == "gpt2" else glm_asr)(b, t)
+        step, cache = gpt2(b, t) if args.model == "gpt2" else glm_asr(b, t, args.weights)
         for name in args.plans:
             use_plan(name)
             replay, _ = time_graph(step, cache, ids, pos, t, stream)
@@ -210,7 +230,8 @@ def main():
                           "us_per_step": round(e.device_time_total / 5, 2)} for e in events if e.device_time_total > 0]
     for k in result["kernels"][:16]:
         print(f"{k['name'][:40]:40s} {k['calls_per_step']:6.1f}/step {k['us_per_call']:8.2f} us {k['us_per_step']:9.1f} us/step")
-    write_result(f"decode-profile-{args.model}-b{b}", result, args.out)
+    write_result(f"decode-profile-{args.model}-b{b}" + ("" if args.model == "gpt2" else f"-{args.weights}"), result,
+                 args.out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Where GLM-ASR's audio encoder and prompt prefill spend their time (GPU host).
 
-    python tools/profile_prefill.py [--windows 1] [--prompt 450] [--out DIR]
+    python tools/profile_prefill.py [--windows 1] [--prompt 450] [--weights bf16|fp32] [--out DIR]
 
-Full size, random weights. Each stage, after a warm-up call: its wall time run eagerly (each
+Full size, random weights (see profile_decode.random_glm_asr). Each stage, after a warm-up call: its wall time run eagerly (each
 kernel launched from Python) and replayed from a CUDA graph (as transcription runs the encoder
 and the prefill), the sum of its kernels' device time (torch.profiler's CUDA activity, eager,
 dependent launch off) and its kernels by total device time. An eager wall time well above the
@@ -53,9 +53,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--windows", type=int, default=1, help="30 s windows encoded together")
     ap.add_argument("--prompt", type=int, default=450, help="prompt tokens of the prefill")
+    ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16",
+                    help="matrices of bfloat16 values stored as such (the hub checkpoint's), or float32 ones")
     ap.add_argument("--out")
     args = ap.parse_args()
-    model = random_glm_asr(encoder=True)
+    model = random_glm_asr(encoder=True, weights=args.weights)
     e, d = model.config.encoder, model.config.decoder
     feats = rand(args.windows, e.num_mel_bins, 3000) * 50
     states = model.audio_tower_eager(feats)
@@ -73,7 +75,7 @@ def main():
         return step(x)
 
     result = {"gpu": gpu_name(), "versions": versions(), "model": "glm-asr, random weights", "windows": args.windows,
-              "prompt": args.prompt,
+              "prompt": args.prompt, "weights": args.weights,
               "encoder": stage(lambda: model.audio_tower_eager(feats), lambda: model.audio_tower(feats)),
               "projector": stage(lambda: model.project(states), lambda: model.project(states)),
               "prefill": stage(prefill_eager, prefill_graph)}
@@ -83,7 +85,7 @@ def main():
               f"device {s['device_ms']:.2f} ms in {s['launches']} kernels")
         for k in s["kernels"][:12]:
             print(f"   {k['name'][:44]:44s} {k['calls']:5d} x {k['us_per_call']:8.2f} us = {k['ms_total']:7.3f} ms")
-    write_result(f"prefill-profile-glm-asr-w{args.windows}", result, args.out)
+    write_result(f"prefill-profile-glm-asr-w{args.windows}-{args.weights}", result, args.out)
 
 
 if __name__ == "__main__":

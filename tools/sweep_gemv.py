@@ -47,10 +47,12 @@ def chain(k: int, n: int, gated: bool, kind: str, tiles: tuple) -> float:
         flags = (False, act, gated, False, lin.NO_NORM)
         if kind == "gemv":
             tn, tk = tiles
-            tk_arrays.launch((-(-n // tn), 1, 1), lin.gemv_kernel, (x, w1, w2, w, y, y, 0.0, tn, tk, *flags, False))
+            tk_arrays.launch((-(-n // tn), 1, 1), lin.gemv_kernel,
+                             (x, w1, w2, x, y, y, y, 0.0, tn, tk, *flags, False, False))
         else:
             tm, tn, tk = tiles
-            tk_arrays.launch((-(-n // tn), 1, 1), lin.skinny_kernel, (x, w1, w2, w, y, y, 0.0, tm, tn, tk, *flags, False))
+            tk_arrays.launch((-(-n // tn), 1, 1), lin.skinny_kernel,
+                             (x, w1, w2, x, y, y, y, 0.0, tm, tn, tk, *flags, False, False))
 
     return rotating_ms(ws, one)
 

@@ -3,6 +3,7 @@ import cupy
 import numpy as np
 import pytest
 
+import tilekernels as tk
 from glm_asr.features import windows
 from glm_asr.model import GlmAsr
 from gpt.graph import device_stream
@@ -12,6 +13,10 @@ pytestmark = pytest.mark.gpu
 
 def test_gpu_matches_cpu(tiny, poisoned, rng):
     cpu, gpu = GlmAsr.load(tiny, "cpu"), GlmAsr.load(tiny, "gpu")
+    # the checkpoint holds bfloat16 values: the text decoder's matrices stay bfloat16 on the GPU
+    layer = gpu.w["decoder"][0]
+    assert {a.dtype for a in (layer.qkv, layer.o, layer.gate_up, layer.down, gpu.w["lm_head"])} == {tk.weights.BF16}
+    assert gpu.w["encoder"][0].fc1[0].dtype == np.float32
     w = windows((rng.standard_normal(16000 * 4) * 0.1).astype(np.float32))[0]
     a = cpu.encode(w.features[None])
     b = gpu.encode(cupy.asarray(w.features[None]))

@@ -35,6 +35,9 @@ def arr(ndim, contiguous=True, dtype=ct.float32):
                            stride_constant=(None,) * (ndim - 1) + (1,) if contiguous else None)
 
 
+W32, W16 = ct.float32, ct.uint16    # weight storage: bfloat16 weights reach the kernels as uint16 bits
+
+
 def specializations():
     """(name, kernel, parameters) for each specialization the two models launch."""
     out = []
@@ -49,28 +52,37 @@ def specializations():
             out.append((f"act-{code}-{gated}", act.activation_kernel,
                         [arr(1), arr(1), arr(1), act.ELEMENTWISE_TILE, code, gated]))
     # (bias, act, glu, residual, norm) of the models' decode projections
-    decode = [(True, 0, False, False, linear.LAYER), (True, 0, False, True, linear.NO_NORM),
-              (True, act.GELU_TANH, False, False, linear.LAYER), (False, 0, False, False, linear.LAYER),
-              (False, 0, False, False, linear.RMS), (False, 0, False, True, linear.NO_NORM),
-              (False, act.SILU, True, False, linear.RMS), (False, 0, False, False, linear.NO_NORM)]
-    for bias, code, glu, res, nrm in decode:
-        name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}"
-        gemv_tiles = (1, 2048) if glu or nrm == linear.RMS else (2, 1024)
+    # (bias, act, glu, residual, norm, scale, weight dtype): GPT-2 (norms folded), GLM-ASR (RMSNorm
+    # weights applied in the kernel, bfloat16 weights)
+    decode = [(True, 0, False, False, linear.LAYER, False, W32), (True, 0, False, True, linear.NO_NORM, False, W32),
+              (True, act.GELU_TANH, False, False, linear.LAYER, False, W32),
+              (False, 0, False, False, linear.LAYER, False, W32), (False, 0, False, False, linear.RMS, True, W16),
+              (False, 0, False, True, linear.NO_NORM, False, W16), (False, act.SILU, True, False, linear.RMS, True, W16),
+              (False, act.SILU, True, False, linear.RMS, False, W32), (False, 0, False, False, linear.NO_NORM, False, W32)]
+    for bias, code, glu, res, nrm, scale, wt in decode:
+        name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}-scale{scale}-{wt}"
+        gemv_tiles = linear.BF16_GEMV if wt == W16 else (1, 2048) if glu or nrm == linear.RMS else (2, 1024)
+        w = arr(2, dtype=wt)
         out.append((f"gemv-{name}", linear.gemv_kernel,
-                    [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, False]))
+                    [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, scale,
+                     wt == W16]))
         for precise in (False, True):
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
-                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, *(linear.SKINNY_GLU if glu else linear.SKINNY),
-                         bias, code, glu, res, nrm, precise]))
-    out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(2), arr(2), F32, 32, 256,
-                                                  True, 0, False, False, linear.LAYER, True]))
-    for bias, code, glu, res in ((True, 0, False, False), (True, 0, False, True), (True, act.GELU_ERF, False, False),
-                                 (True, act.GELU_TANH, False, False), (False, 0, False, False),
-                                 (False, 0, False, True), (False, act.SILU, True, False)):
+                        [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32,
+                         *(linear.SKINNY_GLU if glu else linear.SKINNY), bias, code, glu, res, nrm, scale, precise]))
+    out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(1), arr(2), arr(2), F32, 32, 256,
+                                                  True, 0, False, False, linear.LAYER, False, True]))
+    for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
+                                     (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
+                                     (False, 0, False, False, W32), (False, 0, False, True, W32),
+                                     (False, act.SILU, True, False, W32), (True, 0, False, True, W16),
+                                     (True, act.GELU_ERF, False, False, W16), (False, 0, False, True, W16),
+                                     (False, act.SILU, True, False, W16)):
         tiles = linear.GLU_LARGE_M if glu else linear.LARGE_M
+        w = arr(2, dtype=wt)
         for precise in (False, True):
-            out.append((f"linear-{bias}-{code}-glu{glu}-res{res}-p{precise}", linear.linear_kernel,
-                        [*[arr(2)] * 3, arr(1), arr(2), arr(2), I32, *tiles, bias, code, glu, res, False, precise]))
+            out.append((f"linear-{bias}-{code}-glu{glu}-res{res}-{wt}-p{precise}", linear.linear_kernel,
+                        [arr(2), w, w, arr(1), arr(2), arr(2), I32, *tiles, bias, code, glu, res, False, precise]))
     out.append(("linear-partial", linear.linear_kernel,
                 [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *linear.LARGE_M, False, 0, False, False, True, False]))
     for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),
@@ -86,10 +98,10 @@ def specializations():
         out.append((f"argmax-chunk-{v}", argmax.argmax_chunk_kernel, [arr(2), arr(2), iarr(2), tile]))
         out.append((f"argmax-pick-{v}", argmax.argmax_pick_kernel,
                     [arr(2), iarr(2), arr(1, dtype=ct.int64), next_pow2(-(-v // tile))]))
-    for c, pos in ((768, True), (2048, False)):      # GPT-2 tokens + positions, GLM decoder tokens
+    for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
-        out.append((f"embedding-{c}-pos{pos}", embedding.embedding_kernel,
-                    [ids, ids, arr(2), arr(2), arr(2), pos, min(next_pow2(c), embedding.MAX_TILE)]))
+        out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,
+                    [ids, ids, arr(2, dtype=wt), arr(2, dtype=wt), arr(2), pos, min(next_pow2(c), embedding.MAX_TILE)]))
     for d in (64, 128):
         for causal, precise in ((False, False), (True, False), (False, True)):
             tm, tn, kernel = attention.flash_plan(d, causal)

@@ -41,6 +41,49 @@ def test_embedding(poisoned, rng, c, dtype):
     assert rel_err(tk.embedding(cupy.asarray(ids), gt, cupy.asarray(positions), gp), ref) <= FP32
 
 
+def bf16_pair(rng, *shape, scale=1.0):
+    """A float32 matrix of bfloat16 values and its bfloat16 copy on the GPU (tk.compact)."""
+    import cupy
+
+    a = (rng.standard_normal(shape) * scale).astype(tk.weights.BF16).astype(np.float32)
+    g = tk.compact(cupy.asarray(a))
+    assert g.dtype == tk.weights.BF16
+    return a, g
+
+
+@pytest.mark.parametrize("c", [1, 769, 2048])
+def test_embedding_of_a_bfloat16_table(poisoned, rng, c):
+    import cupy
+
+    (table, gt), (pos, gp) = bf16_pair(rng, 1000, c), bf16_pair(rng, 64, c)
+    ids = rng.integers(0, 1000, (2, 5))
+    positions = rng.integers(0, 64, (2, 5))
+    assert rel_err(tk.embedding(cupy.asarray(ids), gt), table[ids]) == 0.0
+    ref = table[ids].astype(np.float64) + pos[positions]
+    assert rel_err(tk.embedding(cupy.asarray(ids), gt, cupy.asarray(positions), gp), ref) <= FP32
+
+
+@pytest.mark.parametrize("m", [1, 7, 16, 300])
+@pytest.mark.parametrize("k,n,act,res", [
+    (2048, 3072, None, False),         # GLM qkv (RMSNorm applied in the decode kernels)
+    (2048, 12288, "swiglu", False),    # GLM gate/up
+    (6144, 2048, None, True),          # GLM down + residual: one 8192-wide K tile
+    (1281, 769, None, True),           # ragged K and N
+    (2048, 5000, None, False),         # a vocabulary-wide head at M = 1 (the mma kernel)
+])
+def test_linear_with_bfloat16_weights(poisoned, rng, m, k, n, act, res):
+    """bfloat16 weights widened in the kernels: the same products as their float32 values,
+    with an RMSNorm (its weight applied in-kernel at M <= 16, by the norm kernel above)."""
+    (x, gx), (w, gw), (nw, gnw) = pair(rng, m, k, scale=2.0), bf16_pair(rng, n, k, scale=0.05), pair(rng, k)
+    n_out = n // 2 if act == "swiglu" else n
+    r, gr = pair(rng, m, n_out) if res else (None, None)
+    out = tk.linear(gx, gw, activation=act, norm=tk.RMSNorm(gnw, 1e-5), residual=gr)
+    ref = fused_reference(x, w, None, act, (nw, None), 1e-5, r)
+    assert rel_err(out, ref) <= (FP32 if m == 1 and n_out <= 4096 else TF32)
+    f32 = tk.linear(gx, tk.widen(gw), activation=act, norm=tk.RMSNorm(gnw, 1e-5), residual=gr)
+    assert rel_err(out, f32.get()) <= (1e-6 if m == 1 and n_out <= 4096 else TF32)
+
+
 @pytest.mark.parametrize("n", [1, 7, 769, 1281, 4096 * 3 + 5])
 def test_activations(poisoned, rng, n):
     (x, gx), (u, gu) = pair(rng, n, scale=4.0), pair(rng, n)

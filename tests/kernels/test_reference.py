@@ -265,3 +265,25 @@ def test_embedding_rows_plus_positions(rng, c):
     assert np.array_equal(tk.embedding(ids, table), table[ids])
     ref = table[ids].astype(np.float64) + pos[positions]
     assert rel_err(tk.embedding(ids.astype(np.int32), table, positions, pos), ref) <= 1e-7
+
+
+def test_compact_keeps_exactly_the_bfloat16_matrices(rng):
+    """A float32 matrix of bfloat16 values compacts to bfloat16 and widens back bit for bit;
+    one value off the bfloat16 grid keeps the matrix float32."""
+    w = rng.standard_normal((33, 17)).astype(tk.weights.BF16).astype(np.float32)
+    c = tk.compact(w)
+    assert c.dtype == tk.weights.BF16
+    np.testing.assert_array_equal(tk.widen(c), w)
+    w[3, 5] = np.nextafter(w[3, 5], np.float32(np.inf))
+    assert tk.compact(w) is w
+    assert tk.compact(w.astype(np.float64)).dtype == np.float64
+
+
+def test_ops_take_bfloat16_weights(rng):
+    """linear and embedding give the same result for a bfloat16 weight as for its float32 copy."""
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    w = tk.compact(rng.standard_normal((24, 40)).astype(tk.weights.BF16).astype(np.float32))
+    g = rng.standard_normal(40).astype(np.float32)
+    np.testing.assert_array_equal(tk.linear(x, w, norm=tk.RMSNorm(g)), tk.linear(x, tk.widen(w), norm=tk.RMSNorm(g)))
+    ids = np.array([[0, 5, 23]])
+    np.testing.assert_array_equal(tk.embedding(ids, w), tk.widen(w)[ids])

@@ -67,6 +67,7 @@ def test_numpy_in_numpy_out():
     (lambda: tk.swiglu(x, FakeCupy()), "all be numpy or all be cupy"),
     (lambda: tk.embedding(np.zeros(3, np.float32), x), "ids: expected an integer array, got float32"),
     (lambda: tk.argmax(x.astype(np.float64)), "x: expected dtype float32, got float64"),
+    (lambda: tk.linear(x, np.zeros((3, 8), np.float16)), "weight: expected dtype float32 or bfloat16, got float16"),
     (lambda: tk.increment(), "increment: expected one or two arrays, got 0"),
     (lambda: tk.increment(x), "arrays\\[0\\]: expected dtype int32 or int64, got float32"),
     (lambda: tk.increment(np.zeros(2, np.int32), np.zeros(5000, np.int64)), r"arrays\[1\]: expected 1..4096 elements"),

@@ -47,18 +47,24 @@ def pick_device(choice: str) -> str:
     return "cpu"
 
 
-def move_weights(tree, device: str):
+def move_weights(tree, device: str, compact: bool = False):
     """A copy of a weight tree (arrays inside tuples, lists, dicts and dataclasses) on
-    'cpu' (numpy) or 'gpu' (cupy); an array referenced twice (tied weights) stays shared."""
+    'cpu' (numpy, float32) or 'gpu' (cupy); an array referenced twice (tied weights) stays
+    shared. compact: on the GPU a matrix of bfloat16 values (a bfloat16 checkpoint) is
+    stored as bfloat16, which is exact (tk.compact)."""
     import dataclasses
+
+    import tilekernels as tk
 
     if device == "gpu":
         import cupy
 
-        move = cupy.asarray
+        def move(a):
+            a = cupy.asarray(a)
+            return tk.compact(a) if compact and a.ndim == 2 else a
     elif device == "cpu":
         def move(a):
-            return a.get() if type(a).__module__.split(".")[0] == "cupy" else a
+            return tk.widen(a.get() if type(a).__module__.split(".")[0] == "cupy" else a)
     else:
         raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
     seen: dict[int, object] = {}

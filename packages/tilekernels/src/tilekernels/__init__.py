@@ -16,10 +16,11 @@ from .qkv import split_qkv
 from .precision import get_matmul_precision, set_matmul_precision
 from .rope import rope, rope_cos_sin
 from .softmax import softmax
+from .weights import compact, widen
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu", "increment",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu", "increment",
     "is_device",
-    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu",
+    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu", "widen",
 ]

@@ -65,9 +65,12 @@ def check(
     contiguous: bool = True,
     inner_contiguous: bool = False,
 ) -> None:
-    """Validate one array argument; the error says what was expected and what came."""
-    if a.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {a.dtype}")
+    """Validate one array argument; the error says what was expected and what came.
+    dtype: one dtype or a tuple of the accepted ones."""
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if a.dtype not in dtypes:
+        want = " or ".join(np.dtype(d).name for d in dtypes)
+        raise TypeError(f"{name}: expected dtype {want}, got {a.dtype}")
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else ndim
         if a.ndim not in allowed:
@@ -106,6 +109,8 @@ class _DeviceArg:
     __slots__ = ("__cuda_array_interface__",)
 
     def __init__(self, a: Any):
+        if a.dtype.kind == "V":     # bfloat16 has no type code here: its bits go as uint16 (weights.f32)
+            a = a.view(a.dtype.str.replace("V", "u"))
         self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "strides": a.strides,
                                          "data": (a.data.ptr, False), "version": 2}
 

@@ -8,6 +8,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
+from .weights import WEIGHT_DTYPES, f32, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -16,22 +17,24 @@ MAX_TILE = 1024
 
 def embedding_reference(ids: np.ndarray, table: np.ndarray, positions: np.ndarray | None = None,
                         pos_table: np.ndarray | None = None) -> np.ndarray:
-    y = table[ids].astype(np.float64)
+    y = widen(table[ids]).astype(np.float64)
     if pos_table is not None:
-        y = y + pos_table[positions]
+        y = y + widen(pos_table[positions])
     return y.astype(np.float32)
 
 
 @ct.kernel
 def embedding_kernel(IDS, POS, T, P, Y, HAS_POS: ConstBool, TILE: ConstInt):
-    """Channels bid(1) of token bid(0): T[ids] (+ P[positions])."""
+    """Channels bid(1) of token bid(0): T[ids] (+ P[positions]), in float32 whatever the
+    tables' storage (weights.compact)."""
     inputs_ready()
     r = ct.bid(0)
     j = ct.bid(1)
     x = ct.load(T, index=(ct.load(IDS, index=(r,), shape=()), j), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO)
+    x = f32(x)
     if HAS_POS:
-        x = x + ct.load(P, index=(ct.load(POS, index=(r,), shape=()), j), shape=(1, TILE),
-                        padding_mode=ct.PaddingMode.ZERO)
+        x = x + f32(ct.load(P, index=(ct.load(POS, index=(r,), shape=()), j), shape=(1, TILE),
+                            padding_mode=ct.PaddingMode.ZERO))
     ct.store(Y, index=(r, j), tile=x)
 
 
@@ -45,17 +48,18 @@ def _check_ids(name: str, ids, rows: int, kind: str) -> None:
 def embedding(ids, table, positions=None, pos_table=None):
     """table[ids] (+ pos_table[positions]), shape ids.shape + (C,).
 
-    ids, positions: integer arrays of one shape; table (V, C), pos_table (P, C) float32.
+    ids, positions: integer arrays of one shape; table (V, C), pos_table (P, C) float32 or
+    bfloat16 (weights.compact); the rows come out float32.
     The numpy path rejects ids outside the table; the GPU does not check them (they are
     device data; ids from a tokenizer or an argmax are in range).
     """
     kind = backend(ids=ids, table=table, positions=positions, pos_table=pos_table)
-    check("table", table, ndim=2)
+    check("table", table, ndim=2, dtype=WEIGHT_DTYPES)
     _check_ids("ids", ids, table.shape[0], kind)
     if (positions is None) != (pos_table is None):
         raise ValueError("positions and pos_table: pass both or neither")
     if pos_table is not None:
-        check("pos_table", pos_table, shape=(None, table.shape[1]))
+        check("pos_table", pos_table, shape=(None, table.shape[1]), dtype=WEIGHT_DTYPES)
         if positions.shape != ids.shape:
             raise ValueError(f"positions: expected shape {tuple(ids.shape)} (as ids), got {tuple(positions.shape)}")
         _check_ids("positions", positions, pos_table.shape[0], kind)

@@ -1,13 +1,16 @@
 """y = residual + act(norm(x) @ weight.T + bias), the one projection both models are built of.
 
-weight is (N, K), the torch nn.Linear layout. Bias, activation, a gated unit (activation
-'swiglu': weight stacks [gate; up], y = silu(gate) * up) and the residual add are fused
-into the kernel's epilogue. A norm without parameters (fold_norm moved its scale and shift
-into the weights and centred the weight rows) is computed by the decode kernels themselves:
-each block sums the row's variance from the x tiles it streams anyway and scales the result
-in the epilogue. A norm with parameters, or any norm ahead of the large-M kernel, runs as its
-own kernel first. The GEMV issues its weight loads before waiting for x (dependent
-launch: see _arrays.launch).
+weight is (N, K), the torch nn.Linear layout, float32 or bfloat16 (weights.compact: a
+bfloat16 checkpoint kept as it was published; every kernel widens a weight tile to float32
+as it loads it, so the arithmetic is float32 either way and the bytes streamed halve).
+Bias, activation, a gated unit (activation 'swiglu': weight stacks [gate; up],
+y = silu(gate) * up) and the residual add are fused into the kernel's epilogue. The decode
+kernels compute a norm themselves when it is an RMSNorm, or a LayerNorm without parameters
+(fold_norm moved its scale and shift into the weights and centred the weight rows): each
+block sums the row's statistics from the x tiles it streams anyway, scales x by the norm's
+weight as it loads it, and scales the result in the epilogue. Any other norm, and any norm
+ahead of the large-M kernel, runs as its own kernel first. The GEMV issues its weight loads
+before waiting for x (dependent launch: see _arrays.launch).
 
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
@@ -31,6 +34,7 @@ from ._reduce import sums2, sums4
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import precise, tf32_mma
+from .weights import WEIGHT_DTYPES, f32, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -42,7 +46,7 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
                      activation: str | None = None, norm=None, residual: np.ndarray | None = None) -> np.ndarray:
     if norm is not None:
         x = norm(x)
-    y = x @ weight.T
+    y = x @ widen(weight).T
     if bias is not None:
         y = y + bias
     if activation == "swiglu":
@@ -59,20 +63,35 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
 NO_NORM, LAYER, RMS = 0, 1, 2
 
 
-def norm_input(x, x0, k, s1, s2, k_total, TILE_K: int, NORM: int):
-    """Chunk k of the rows x as the product sees it, and the running sums for norm_scale
-    (elementwise: reduced once at the end, with the product where possible: _reduce).
+def norm_input(x, x0, g, cols, s1, s2, k_total, NORM: int, SCALE: bool):
+    """Columns `cols` (1, T) of the rows x as the product sees them, and the running sums
+    for norm_scale (elementwise: reduced once at the end, with the product: _reduce).
 
     LAYER shifts x by x0, each row's first element: with the weight rows centred by
     fold_norm, (x - x0) @ w.T equals (x - mean) @ w.T, and sums of x - x0 keep the variance
-    of a row far from zero exact to fp32 rounding. RMS leaves x as it is."""
+    of a row far from zero exact to fp32 rounding. RMS leaves x as it is. SCALE (RMS)
+    multiplies x by the norm's weight g (those columns) after the sums: rms(x) is of x unscaled."""
     if NORM == LAYER:
-        cols = ct.arange(TILE_K, dtype=ct.int32)[None, :]
-        x = ct.where(k * TILE_K + cols < k_total, x - x0, 0.0)
+        x = ct.where(cols < k_total, x - x0, 0.0)
         s1 = s1 + x
     if NORM != NO_NORM:
         s2 = s2 + x * x
+    if SCALE:
+        x = x * g
     return x, s1, s2
+
+
+def chunk_columns(k, TILE_K: int):
+    """Column indices (1, TILE_K) of chunk k."""
+    return k * TILE_K + ct.arange(TILE_K, dtype=ct.int32)[None, :]
+
+
+def norm_weight(G, k, TILE_K: int, SCALE: bool):
+    """Chunk k of the norm's weight, (1, TILE_K) (zeros unless SCALE: unused then)."""
+    g = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
+    if SCALE:
+        g = ct.load(G, index=(k,), shape=(TILE_K,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)[None, :]
+    return g
 
 
 def norm_scale(t1, t2, k_total, eps: float):
@@ -126,10 +145,10 @@ def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU:
 
 
 def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
-    """Weight tile k of rows bn (and of the up half for GLU); zeros past the end of K.
-    TMA=False loads straight into registers: plain loads issued before inputs_ready() are
-    in flight while the kernel waits, where the compiler's TMA pipeline only starts after
-    the wait (seen in the SASS)."""
+    """Weight tile k of rows bn (and of the up half for GLU) as stored; zeros past the end
+    of K. TMA=False loads straight into registers: plain loads issued before inputs_ready()
+    are in flight while the kernel waits, where the compiler's TMA pipeline only starts
+    after the wait (seen in the SASS)."""
     w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=TMA)
     w2 = w
     if GLU:
@@ -137,24 +156,28 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
     return w, w2
 
 
+
 # ---------------------------------------------------------------- kernels
-def gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int):
+def gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int, SCALE: bool):
     x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
-    x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
-    acc = acc + w * x
+    x, s1, s2 = norm_input(x, x0, norm_weight(G, k, TILE_K, SCALE), chunk_columns(k, TILE_K), s1, s2, X.shape[1],
+                           NORM, SCALE)
+    acc = acc + f32(w) * x
     if GLU:
-        acc2 = acc2 + w2 * x
+        acc2 = acc2 + f32(w2) * x
     return acc, acc2, s1, s2
 
 
 @ct.kernel
-def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
+def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
                 HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                TMA: ConstBool):
+                SCALE: ConstBool, TMA: ConstBool):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
     elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
     first weight tile (all of K when TILE_K covers it) and the bias are requested before
-    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA."""
+    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA.
+    bfloat16 weights go through TMA (linear_plan): loaded plainly, each thread fetches 2 bytes
+    at a time (SASS: LDG.E.U16) and holds as many registers a byte as float32 needs for 4."""
     bn = ct.bid(0)
     m = ct.bid(1)
     w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, TMA)
@@ -164,30 +187,31 @@ def gemv_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: Cons
     x0 = first_column(X, m, 1, NORM)
     zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
     stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
-    acc, acc2, s1, s2 = gemv_chunk(X, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM)
+    acc, acc2, s1, s2 = gemv_chunk(X, G, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM, SCALE)
     for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
-        acc, acc2, s1, s2 = gemv_chunk(X, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM)
+        acc, acc2, s1, s2 = gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM, SCALE)
     y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
     epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
              m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
 
 
-def skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
-                 PRECISE: bool):
+def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
+                 SCALE: bool, PRECISE: bool):
     x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-    x, s1, s2 = norm_input(x, x0, k, s1, s2, X.shape[1], TILE_K, NORM)
+    x, s1, s2 = norm_input(x, x0, norm_weight(G, k, TILE_K, SCALE), chunk_columns(k, TILE_K), s1, s2, X.shape[1],
+                           NORM, SCALE)
     xt = ct.transpose(x)
-    acc = tf32_mma(w, xt, acc, PRECISE)
+    acc = tf32_mma(f32(w), xt, acc, PRECISE)
     if GLU:
-        acc2 = tf32_mma(w2, xt, acc2, PRECISE)
+        acc2 = tf32_mma(f32(w2), xt, acc2, PRECISE)
     return acc, acc2, s1, s2
 
 
 @ct.kernel
-def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt,
+def skinny_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt,
                   HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                  PRECISE: ConstBool):
+                  SCALE: ConstBool, PRECISE: ConstBool):
     """Up to TILE_M rows of x against TILE_N weight rows: the weight tile is the mma's
     A operand (TILE_N, TILE_K), x transposed the B operand, so N fills the tensor-core M."""
     bn = ct.bid(0)
@@ -197,12 +221,12 @@ def skinny_kernel(X, W, W2, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: Co
     x0 = first_column(X, bm, TILE_M, NORM)
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
     stats = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
-    acc, acc2, s1, s2 = skinny_chunk(X, bm, 0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
-                                     PRECISE)
+    acc, acc2, s1, s2 = skinny_chunk(X, G, bm, 0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
+                                     SCALE, PRECISE)
     for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, True)
-        acc, acc2, s1, s2 = skinny_chunk(X, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
-                                         PRECISE)
+        acc, acc2, s1, s2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
+                                         SCALE, PRECISE)
     epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(*sums2(s1, s2, axis=1), X.shape[1], eps),
              bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
              HAS_BIAS, ACT, GLU, RESID, NORM)
@@ -235,10 +259,10 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
     for k in range(k0, k1):
         a = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
         b = ct.load(W, index=(k, bn), shape=(TILE_K, TILE_N), order=(1, 0), padding_mode=ct.PaddingMode.ZERO)
-        acc = tf32_mma(a, b, acc, PRECISE)
+        acc = tf32_mma(a, f32(b), acc, PRECISE)
         if GLU:
             b2 = ct.load(W2, index=(k, bn), shape=(TILE_K, TILE_N), order=(1, 0), padding_mode=ct.PaddingMode.ZERO)
-            acc2 = tf32_mma(a, b2, acc2, PRECISE)
+            acc2 = tf32_mma(a, f32(b2), acc2, PRECISE)
     if PARTIAL:
         ct.store(Y, index=(split, bm, bn), tile=ct.reshape(acc, (1, TILE_M, TILE_N)))
     else:
@@ -274,19 +298,25 @@ LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
 SKINNY = (16, 64, 128)
 SKINNY_GLU = (16, 32, 128)
+BF16_GEMV = (16, 512)       # (TILE_N, TILE_K) of the batch-1 GEMV on bfloat16 weights
 REDUCE_TILE = 256
 
 
-def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132):
+def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
     """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K), tma),
     ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
 
     Batch-1 projections: thin GEMV blocks of one or two rows whose weight slice is one tile
     over all of K (up to 2048 wide, or 8192 for longer rows), loaded without TMA so the loads
-    are issued before the kernel waits for x; vocabulary heads (N > 4096) on the mma kernel.
+    are issued before the kernel waits for x; bfloat16 weights in (16, 512) tiles through TMA
+    (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
+    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json); vocabulary heads
+    (N > 4096) on the mma kernel.
     Chosen on whole decode steps (tools/profile_decode.py --plans, benchmarks/results/
     decode-profile-*.json), tiles from tools/sweep_gemv.py."""
     if m == 1 and n <= (8192 if glu else 4096):
+        if itemsize == 2:
+            return "gemv", BF16_GEMV, True
         tk = min(next_pow2(k), 2048 if k <= 4096 else 8192)
         return "gemv", (max(1, 2048 // tk), tk), False
     if m <= 16:
@@ -311,23 +341,26 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     y = cupy.empty((m, n), dtype=cupy.float32)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    plan = linear_plan(m, n, k, glu, sm_count())
-    in_kernel = norm is not None and not norm.affine and plan[0] != "tiles"
+    plan = linear_plan(m, n, k, glu, sm_count(), weight.dtype.itemsize)
+    rms = isinstance(norm, RMSNorm)
+    in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
         x2 = norm(x2)
-    code = (RMS if isinstance(norm, RMSNorm) else LAYER) if in_kernel else NO_NORM
+    code = (RMS if rms else LAYER) if in_kernel else NO_NORM
     eps = float(norm.eps) if in_kernel else 0.0
+    scale = in_kernel and norm.affine
+    g = norm.weight if scale else x2
     w, w2 = (weight[:n], weight[n:]) if glu else (weight, weight)
-    b = weight if bias is None else bias
+    b = x2 if bias is None else bias
     r = y if residual is None else residual.reshape(m, n)
     flags = (bias is not None, act, glu, residual is not None)
     if plan[0] == "gemv":
         (tn, tk), tma = plan[1:]
-        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, b, r, y, eps, tn, tk, *flags, code, tma))
+        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, g, b, r, y, eps, tn, tk, *flags, code, scale, tma))
     elif plan[0] == "skinny":
         tm, tn, tk = plan[1]
         launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
-               (x2, w, w2, b, r, y, eps, tm, tn, tk, *flags, code, precise()))
+               (x2, w, w2, g, b, r, y, eps, tm, tn, tk, *flags, code, scale, precise()))
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
@@ -348,8 +381,8 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
 
     activation: None, 'gelu' (exact), 'gelu_tanh', 'silu', or 'swiglu': weight stacks the
     gate and up projections (2I, K) and the result is silu(gate) * up, (..., I).
-    norm: a LayerNorm or RMSNorm applied to x first. A norm without parameters (see
-    fold_norm) is computed inside the decode kernels (M <= 16); otherwise it runs first.
+    norm: a LayerNorm or RMSNorm applied to x first; the decode kernels (M <= 16) compute an
+    RMSNorm or a LayerNorm without parameters (see fold_norm) themselves, otherwise it runs first.
     residual: (..., N_out), added last.
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
@@ -360,7 +393,7 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     glu = activation == "swiglu"
     act = SILU if glu else activation_code(activation)
     check("x", x, ndim=tuple(range(1, 8)))
-    check("weight", weight, shape=(None, x.shape[-1]))
+    check("weight", weight, shape=(None, x.shape[-1]), dtype=WEIGHT_DTYPES)
     n = weight.shape[0]
     if glu:
         if n % 2:
