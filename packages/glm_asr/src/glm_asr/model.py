@@ -120,7 +120,7 @@ class GlmAsr:
     def to(self, device: str) -> "GlmAsr":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). On the GPU the text decoder's
         matrices, which every decode step streams, stay bfloat16 when the checkpoint's are (exact,
-        half the bytes: GLM-ASR decode 2244 -> 2005 us a token on an H100); the encoder's stay
+        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's stay
         float32, whose tensor-core GEMMs ran slower on bfloat16 tiles (12.4 -> 13.8 ms,
         prefill-profile-glm-asr-w1-h100-bf16-encoder.json)."""
         text = ("decoder", "embed", "lm_head", "norm")

@@ -63,35 +63,23 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
 NO_NORM, LAYER, RMS = 0, 1, 2
 
 
-def norm_input(x, x0, g, cols, s1, s2, k_total, NORM: int, SCALE: bool):
-    """Columns `cols` (1, T) of the rows x as the product sees them, and the running sums
-    for norm_scale (elementwise: reduced once at the end, with the product: _reduce).
+def norm_input(x, x0, G, k, s1, s2, k_total, TILE_K: int, NORM: int, SCALE: bool):
+    """Chunk k of the rows x as the product sees it, and the running sums for norm_scale
+    (elementwise: reduced once at the end, with the product where possible: _reduce).
 
     LAYER shifts x by x0, each row's first element: with the weight rows centred by
     fold_norm, (x - x0) @ w.T equals (x - mean) @ w.T, and sums of x - x0 keep the variance
     of a row far from zero exact to fp32 rounding. RMS leaves x as it is. SCALE (RMS)
-    multiplies x by the norm's weight g (those columns) after the sums: rms(x) is of x unscaled."""
+    multiplies x by the norm's weight G after the sums: rms(x) is of x unscaled."""
     if NORM == LAYER:
-        x = ct.where(cols < k_total, x - x0, 0.0)
+        cols = ct.arange(TILE_K, dtype=ct.int32)[None, :]
+        x = ct.where(k * TILE_K + cols < k_total, x - x0, 0.0)
         s1 = s1 + x
     if NORM != NO_NORM:
         s2 = s2 + x * x
     if SCALE:
-        x = x * g
+        x = x * ct.load(G, index=(k,), shape=(TILE_K,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)[None, :]
     return x, s1, s2
-
-
-def chunk_columns(k, TILE_K: int):
-    """Column indices (1, TILE_K) of chunk k."""
-    return k * TILE_K + ct.arange(TILE_K, dtype=ct.int32)[None, :]
-
-
-def norm_weight(G, k, TILE_K: int, SCALE: bool):
-    """Chunk k of the norm's weight, (1, TILE_K) (zeros unless SCALE: unused then)."""
-    g = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
-    if SCALE:
-        g = ct.load(G, index=(k,), shape=(TILE_K,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)[None, :]
-    return g
 
 
 def norm_scale(t1, t2, k_total, eps: float):
@@ -156,12 +144,10 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
     return w, w2
 
 
-
 # ---------------------------------------------------------------- kernels
 def gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int, SCALE: bool):
     x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
-    x, s1, s2 = norm_input(x, x0, norm_weight(G, k, TILE_K, SCALE), chunk_columns(k, TILE_K), s1, s2, X.shape[1],
-                           NORM, SCALE)
+    x, s1, s2 = norm_input(x, x0, G, k, s1, s2, X.shape[1], TILE_K, NORM, SCALE)
     acc = acc + f32(w) * x
     if GLU:
         acc2 = acc2 + f32(w2) * x
@@ -199,8 +185,7 @@ def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: C
 def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
                  SCALE: bool, PRECISE: bool):
     x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-    x, s1, s2 = norm_input(x, x0, norm_weight(G, k, TILE_K, SCALE), chunk_columns(k, TILE_K), s1, s2, X.shape[1],
-                           NORM, SCALE)
+    x, s1, s2 = norm_input(x, x0, G, k, s1, s2, X.shape[1], TILE_K, NORM, SCALE)
     xt = ct.transpose(x)
     acc = tf32_mma(f32(w), xt, acc, PRECISE)
     if GLU:

@@ -33,8 +33,8 @@ def compact(a: Any) -> Any:
 
 
 def widen(a: Any) -> Any:
-    """`a` as float32 (exact for bfloat16)."""
-    return a if a.dtype == np.float32 else a.astype(np.float32)
+    """`a` as float32 if it is bfloat16 (exact), else `a` itself."""
+    return a.astype(np.float32) if a.dtype == BF16 else a
 
 
 def f32(tile):
