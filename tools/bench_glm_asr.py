@@ -115,13 +115,26 @@ def hf_run(hf, fe, audio):
     return st
 
 
+def seconds_list(value: str) -> list[int]:
+    """--lengths: positive whole seconds, comma-separated."""
+    try:
+        out = [int(s) for s in value.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive whole seconds like 5,30,120, got {value!r}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="the checkpoint's dtype")
-    ap.add_argument("--lengths", default="5,30,120", help="audio lengths in seconds, comma-separated")
+    ap.add_argument("--lengths", type=seconds_list, default="5,30,120", help="audio lengths in seconds, comma-separated")
     ap.add_argument("--files", type=int, default=32, help="30 s files transcribed one after another (0: skip)")
     args = ap.parse_args()
+    if args.files < 0:
+        ap.error(f"--files: expected 0 or more, got {args.files}")
     import tempfile
 
     from transformers import WhisperFeatureExtractor
@@ -133,7 +146,7 @@ def main():
     warm = synthetic_speechlike(3.0)
     ours_run(ours, warm)
     hf_run(hf, fe, warm)
-    for seconds in (int(s) for s in args.lengths.split(",")):
+    for seconds in args.lengths:
         audio = synthetic_speechlike(seconds)
         _, cold = clock(lambda: ours_transcribe(ours, audio))    # first run: compiles new shapes, captures graphs
         n_ours, total_o = clock(lambda: ours_transcribe(ours, audio))
