@@ -48,7 +48,7 @@ def chain(k: int, n: int, gated: bool, kind: str, tiles: tuple) -> float:
         if kind == "gemv":
             tn, tk = tiles
             tk_arrays.launch((-(-n // tn), 1, 1), lin.gemv_kernel,
-                             (x, w1, w2, x, y, y, y, 0.0, tn, tk, *flags, False, False))
+                             (x, w1, w2, x, y, y, y, 0.0, tn, tk, *flags, False, False, tk >= k))
         else:
             tm, tn, tk = tiles
             tk_arrays.launch((-(-n // tn), 1, 1), lin.skinny_kernel,

@@ -65,13 +65,13 @@ def specializations():
         w = arr(2, dtype=wt)
         out.append((f"gemv-{name}", linear.gemv_kernel,
                     [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, scale,
-                     wt == W16]))
+                     wt == W16, wt != W16]))
         for precise in (False, True):
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
                         [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32,
                          *(linear.SKINNY_GLU if glu else linear.SKINNY), bias, code, glu, res, nrm, scale, precise]))
     out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(1), arr(2), arr(2), F32, 32, 256,
-                                                  True, 0, False, False, linear.LAYER, False, True]))
+                                                  True, 0, False, False, linear.LAYER, False, True, False]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),
@@ -113,9 +113,8 @@ def specializations():
             q = arr(4, False) if new else arr(4)
             out.append((f"decode-{d}-final{final}-new{new}-rope{rope_on}", attention.decode_split_kernel,
                         [q, arr(4, False), arr(4, False), arr(4, False), arr(4, False), arr(4), arr(3), arr(3),
-                         arr(4), iarr(1), iarr(1), arr(3), arr(3), F32, I32, I32, I32, d,
-                         attention.decode_tile_keys(d), final, new, rope_on]))
-        out.append((f"merge-{d}", attention.decode_merge_kernel, [arr(4), arr(3), arr(3), arr(4), d]))
+                         arr(4), iarr(1), iarr(1), iarr(1), arr(3), arr(3), F32, I32, I32, I32, d,
+                         attention.decode_tile_keys(d), 1 if final else 32, final, new, rope_on]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))

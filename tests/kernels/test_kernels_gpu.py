@@ -330,13 +330,14 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
 
 
 @pytest.mark.parametrize("g,tk_,per,splits", [(1, 300, 5, 1), (1, 300, 1, 5), (1, 300, 2, 3), (4, 777, 25, 1),
-                                               (4, 777, 5, 5), (2, 1, 1, 1)])
+                                               (4, 777, 5, 5), (4, 777, 1, 24), (4, 777, 2, 13), (1, 4096, 1, 64), (2, 1, 1, 1)])
 def test_decode_single_pass_and_split_plans(poisoned, rng, g, tk_, per, splits):
-    """Every decode plan: one pass that normalises in place, or chunks and the merge kernel;
-    left padding and a device length shorter than the cache included."""
+    """Every decode plan: one pass that normalises in place, or chunks merged by the last
+    block of each head, which leaves the chunk counters zero again; left padding and a device
+    length shorter than the cache included."""
     import cupy
 
-    from tilekernels.attention import LOG2E, decode_cupy
+    from tilekernels.attention import LOG2E, chunk_counters, decode_cupy
 
     d = 128 if g > 1 else 64
     (q, gq), (k, gk), (v, gv) = pair(rng, 2, 2 * g, 1, d), pair(rng, 2, 2, tk_, d), pair(rng, 2, 2, tk_, d)
@@ -346,6 +347,33 @@ def test_decode_single_pass_and_split_plans(poisoned, rng, g, tk_, per, splits):
                        kv_start=start)
     got = decode_cupy(gq, gk, gv, cupy.asarray(start), cupy.full(1, n, cupy.int32), LOG2E / np.sqrt(d), per, splits)
     assert rel_err(got, ref) <= FP32
+    assert not chunk_counters(2 * 2 * g).any()
+
+
+def test_decode_merges_repeatedly_from_a_graph(rng):
+    """Replays of one captured split-KV decode (a decode step's attention) each merge once:
+    the counters the last blocks reset serve the next replay, and plans with different chunk
+    counts share them."""
+    import cupy
+
+    from tilekernels.attention import LOG2E, decode_cupy
+
+    (q, gq), (k, gk), (v, gv) = pair(rng, 1, 4, 1, 64), pair(rng, 1, 4, 512, 64), pair(rng, 1, 4, 512, 64)
+    length = cupy.full(1, 100, cupy.int32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        decode_cupy(gq, gk, gv, cupy.zeros(1, cupy.int32), length, LOG2E / 8, 1, 8)    # first use, outside capture
+        stream.begin_capture()
+        out = decode_cupy(gq, gk, gv, cupy.zeros(1, cupy.int32), length, LOG2E / 8, 1, 8)
+        graph = stream.end_capture()
+        for n in (1, 64, 65, 300, 512, 7):
+            length.fill(n)
+            out.fill(cupy.nan)
+            graph.launch(stream)
+            other = decode_cupy(gq, gk, gv, cupy.zeros(1, cupy.int32), length, LOG2E / 8, 2, 4)
+            ref = tk.attention(q, np.ascontiguousarray(k[:, :, :n]), np.ascontiguousarray(v[:, :, :n]), causal=True)
+            assert rel_err(out, ref) <= FP32, n
+            assert rel_err(other, ref) <= FP32, n
 
 
 def test_decode_with_device_length(poisoned, rng):

@@ -8,14 +8,14 @@ k/v may be views into a longer KV cache (unit stride on the last axis only).
 
 Tq = 1 (decode) takes a split-KV path: the key range is cut into chunks processed by
 separate blocks, one query head each, in fp32 on CUDA cores (one query row would fill a
-sixteenth of a tensor-core tile), and a second kernel merges the partial softmax states, so
-a single query still fills the GPU (a one-chunk plan is normalised in place, with no merge).
-(Merging in the last block to finish, counted with an atomic, and the tensor-core kernel
-over all query heads of a KV head were tried and measured slower.)
+sixteenth of a tensor-core tile), so a single query still fills the GPU; the last block of
+a head to finish, counted with an atomic, merges the partial softmax states (a one-chunk
+plan is normalised in place). (The tensor-core kernel over all query heads of a KV head was
+tried and measured slower.)
 
 decode_attention is that decode path fed straight from the new token's fused QKV
-projection: RoPE, the KV-cache write and the split-KV attention in one kernel (plus the
-merge), the cached keys' first tile requested before the kernel waits for its inputs.
+projection: RoPE, the KV-cache write and the split-KV attention in one kernel, the cached
+keys' first tile requested before the kernel waits for its inputs.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, launch, sm_count
+from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
 from .activations import fast_div
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
@@ -34,7 +34,7 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = -float("inf")
-MAX_SPLITS = 64     # the merge kernel holds all splits of one head in one tile
+MAX_SPLITS = 64     # the merging block holds all splits of one head in one tile
 MAX_CHUNK_TILES = 8     # batched or long caches: more chunks rather than longer serial loops
 
 
@@ -143,9 +143,23 @@ def kv_rows(K, V, b, kvh, j, D, TILE_N):
     return ct.reshape(k, (TILE_N, D)), ct.reshape(v, (TILE_N, D))
 
 
+def merge_chunks(PO, PM, PL, O, b, h, D: int, S_TILE: int):
+    """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the chunks of one query
+    head (plain loads: they follow the acquiring atomic of the caller)."""
+    m = ct.load(PM, index=(b, h, 0), shape=(1, 1, S_TILE), padding_mode=ct.PaddingMode.NEG_INF, allow_tma=False)
+    l = ct.load(PL, index=(b, h, 0), shape=(1, 1, S_TILE), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    o = ct.load(PO, index=(b, h, 0, 0), shape=(1, 1, S_TILE, D), padding_mode=ct.PaddingMode.ZERO,
+                allow_tma=False)
+    m = ct.reshape(m, (S_TILE, 1))
+    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
+    total = ct.sum(w * ct.reshape(l, (S_TILE, 1)), axis=0, keepdims=True)
+    out = ct.sum(w * ct.reshape(o, (S_TILE, D)), axis=0, keepdims=True) * fast_div(1.0, total)
+    ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)), allow_tma=False)
+
+
 @ct.kernel(occupancy=2)     # 128 registers a thread: two key tiles in flight without spilling
-def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_log2: float, group: int,
-                        tiles_per_split: int, half: int, D: ConstInt, TILE_N: ConstInt,
+def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, scale_log2: float, group: int,
+                        tiles_per_split: int, half: int, D: ConstInt, TILE_N: ConstInt, S_TILE: ConstInt,
                         FINAL: ConstBool, NEW: ConstBool, ROPE: ConstBool):
     """Partial attention of one query head over one chunk of cached keys, in fp32 on CUDA
     cores (a decode query is a single row, which a tensor-core mma would pad to 16; measured
@@ -155,8 +169,10 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_
     Q, O (B, Hq, 1, D); partial outputs PO (B, Hq, S, D) are unnormalised, with their max PM
     and sum PL (B, Hq, S), in log2 units. KL[0] is the number of cached keys, read on the
     device so that one captured CUDA graph serves every decode step; chunks past it come out
-    empty (max -inf, sum 0). FINAL (a single chunk holds every key): the normalised output
-    goes straight to O and no merge kernel runs.
+    empty (max -inf, sum 0). The last block of a head to finish (counted in C[bid(1)], an
+    acquire-release atomic after its partial stores) merges the head's S <= S_TILE chunks
+    into O and sets its counter back to zero: no merge kernel, no kernel boundary. FINAL (a
+    single chunk holds every key): the normalised output goes straight to O.
     NEW: KN, VN (B, Hkv, 1, D) are views of the new token's fused projection (Q too); the
     last chunk folds its key in, and that of the KV head's first query head stores k, v at
     slot KL[0]. Every cached key was then written by earlier kernels, so the first key tile
@@ -210,25 +226,13 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, KS, KL, COS, SIN, scale_
     if FINAL:
         ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)))
     else:
-        ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)))
-        ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)))
-        ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)))
-
-
-@ct.kernel
-def decode_merge_kernel(PO, PM, PL, O, D: ConstInt):
-    """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s for one query head."""
-    inputs_ready()
-    b = ct.bid(0) // O.shape[1]
-    h = ct.bid(0) % O.shape[1]
-    m = ct.load(PM, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.NEG_INF)
-    l = ct.load(PL, index=(b, h, 0), shape=(1, 1, MAX_SPLITS), padding_mode=ct.PaddingMode.ZERO)
-    o = ct.load(PO, index=(b, h, 0, 0), shape=(1, 1, MAX_SPLITS, D), padding_mode=ct.PaddingMode.ZERO)
-    m = ct.reshape(m, (MAX_SPLITS, 1))
-    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
-    total = ct.sum(w * ct.reshape(l, (MAX_SPLITS, 1)), axis=0, keepdims=True)
-    out = ct.sum(w * ct.reshape(o, (MAX_SPLITS, D)), axis=0, keepdims=True) / total
-    ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)))
+        # plain stores: a TMA store (async proxy) is not ordered by the atomic's release
+        ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
+        ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)), allow_tma=False)
+        ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)), allow_tma=False)
+        if ct.atomic_add(C, ct.bid(1), 1) == ct.num_blocks(0) - 1:
+            merge_chunks(PO, PM, PL, O, b, h, D, S_TILE)
+            ct.atomic_xchg(C, ct.bid(1), 0, memory_order=ct.MemoryOrder.RELAXED)
 
 
 flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
@@ -263,9 +267,27 @@ def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tupl
     return per, -(-tiles // per)
 
 
+_COUNTERS: dict = {}
+
+
+def chunk_counters(n: int):
+    """n zeroed int32 counters for decode_split_kernel's last-block merge, one array per
+    device and stream: every launch leaves them zero again, so graph replays share them.
+    Allocated outside any memory pool and never freed (a captured graph keeps the address);
+    the first call on a stream must not be inside a graph capture."""
+    import cupy
+
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    have = _COUNTERS.setdefault(key, [])
+    if not have or have[-1].size < n:
+        with cupy.cuda.using_allocator(None):
+            have.append(cupy.zeros(max(n, 256), cupy.int32))
+    return have[-1]
+
+
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, new=None, rope=None):
     """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles (decode_tile_keys)
-    each, merged by a second kernel unless there is one chunk (tools time plans through this).
+    each, merged by the last block of each head (tools time plans through this).
 
     q (B, Hq, 1, D), may be a strided view. new: the new token's (k, v), (B, Hkv, 1, D)
     views, stored at slot kv_len[0] and attended to after the kv_len[0] cached keys.
@@ -280,15 +302,15 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: 
     cos, sin, half = rope if rope is not None else (q, q, 0)
     if splits == 1:     # the kernel normalises into out itself
         po = pm = pl = q
+        counters = kv_len
     else:
         po = cupy.empty((bsz, hq, splits, d), dtype=cupy.float32)
         pm = cupy.empty((bsz, hq, splits), dtype=cupy.float32)
         pl = cupy.empty_like(pm)
+        counters = chunk_counters(bsz * hq)
     launch((splits, bsz * hq, 1), decode_split_kernel,
-           (q, k, v, kn, vn, po, pm, pl, out, kv_start, kv_len, cos, sin, scale_log2, hq // hkv, per, half, d,
-            decode_tile_keys(d), splits == 1, new is not None, rope is not None))
-    if splits > 1:
-        launch((bsz * hq, 1, 1), decode_merge_kernel, (po, pm, pl, out, d))
+           (q, k, v, kn, vn, po, pm, pl, out, counters, kv_start, kv_len, cos, sin, scale_log2, hq // hkv, per,
+            half, d, decode_tile_keys(d), next_pow2(splits), splits == 1, new is not None, rope is not None))
     return out
 
 
@@ -354,7 +376,7 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
                      cos=None, sin=None, rotary_dim: int | None = None):
     """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused
     projection qkv (B, 1, (Hq + 2 Hkv) D): what split_qkv then attention compute, in one
-    kernel (plus the merge of its split-KV chunks, as attention has).
+    kernel.
 
     The token's k, v are stored at slot start[0] of k_cache, v_cache (B, Hkv, T_max, D)
     (rotated by RoPE with q, when cos, sin are given) and q attends to slots kv_start[b] ..

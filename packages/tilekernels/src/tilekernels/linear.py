@@ -157,11 +157,14 @@ def gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool,
 @ct.kernel
 def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
                 HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                SCALE: ConstBool, TMA: ConstBool):
+                SCALE: ConstBool, TMA: ConstBool, ONE_TILE: ConstBool):
     """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
     elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
     first weight tile (all of K when TILE_K covers it) and the bias are requested before
     the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA.
+    ONE_TILE (TILE_K covers K) compiles the K loop out: its code alone held registers (GPT-2's
+    LayerNorm-fused GEMV: 96 -> 40 a thread, 5 -> 12 blocks an SM, so every block of a
+    2304- or 3072-row projection is resident and streaming its weights before the wait).
     bfloat16 weights go through TMA (linear_plan): loaded plainly, each thread fetches 2 bytes
     at a time (SASS: LDG.E.U16) and holds as many registers a byte as float32 needs for 4."""
     bn = ct.bid(0)
@@ -174,9 +177,10 @@ def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: C
     zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
     stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
     acc, acc2, s1, s2 = gemv_chunk(X, G, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM, SCALE)
-    for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
-        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
-        acc, acc2, s1, s2 = gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM, SCALE)
+    if not ONE_TILE:
+        for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
+            w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
+            acc, acc2, s1, s2 = gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM, SCALE)
     y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
     epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
              m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
@@ -291,8 +295,8 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K), tma),
     ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
 
-    Batch-1 projections: thin GEMV blocks of one or two rows whose weight slice is one tile
-    over all of K (up to 2048 wide, or 8192 for longer rows), loaded without TMA so the loads
+    Batch-1 projections: thin GEMV blocks of one or two rows (2048 weights, or one row of up
+    to 8192) whose weight slice is one tile over all of K, loaded without TMA so the loads
     are issued before the kernel waits for x; bfloat16 weights in (16, 512) tiles through TMA
     (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
     best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json); vocabulary heads
@@ -302,7 +306,7 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     if m == 1 and n <= (8192 if glu else 4096):
         if itemsize == 2:
             return "gemv", BF16_GEMV, True
-        tk = min(next_pow2(k), 2048 if k <= 4096 else 8192)
+        tk = min(next_pow2(k), 8192)
         return "gemv", (max(1, 2048 // tk), tk), False
     if m <= 16:
         return "skinny", SKINNY_GLU if glu else SKINNY
@@ -341,7 +345,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     flags = (bias is not None, act, glu, residual is not None)
     if plan[0] == "gemv":
         (tn, tk), tma = plan[1:]
-        launch((-(-n // tn), m, 1), gemv_kernel, (x2, w, w2, g, b, r, y, eps, tn, tk, *flags, code, scale, tma))
+        launch((-(-n // tn), m, 1), gemv_kernel,
+               (x2, w, w2, g, b, r, y, eps, tn, tk, *flags, code, scale, tma, tk >= k))
     elif plan[0] == "skinny":
         tm, tn, tk = plan[1]
         launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
