@@ -32,6 +32,7 @@ from gpt.kvcache import KVCache
 from gpt.model import GPT
 
 lin = import_module("tilekernels.linear")     # the module (tilekernels.linear is the op)
+attn = import_module("tilekernels.attention")
 
 
 def gpt2(batch: int, context: int):
@@ -104,9 +105,19 @@ def glm_asr(batch: int, context: int, weights: str = "bf16"):
 LIBRARY_PLAN = lin.linear_plan
 
 
-def gemv_heads(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
-    """The library's rule with the GEMV for vocabulary heads too."""
-    return LIBRARY_PLAN(m, min(n, 4096) if m == 1 else n, k, glu, sms, itemsize)
+def skinny_heads(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
+    """The library's rule with vocabulary heads (N > 4096) on the mma kernel, float32 ones too."""
+    if m == 1 and n > 4096:
+        return "skinny", lin.SKINNY
+    return LIBRARY_PLAN(m, n, k, glu, sms, itemsize)
+
+
+def rows1(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
+    """The library's rule with one weight row a block for K <= 1024 ((1, 1024) tiles)."""
+    plan = LIBRARY_PLAN(m, n, k, glu, sms, itemsize)
+    if plan[0] == "gemv" and itemsize == 4 and k <= 1024:
+        return "gemv", (1, 1024), False
+    return plan
 
 
 def fat_tma(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
@@ -127,6 +138,7 @@ def plain_bf16(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsi
 
 
 LIBRARY_ATTEND = KVCache.attend
+LIBRARY_TILE_KEYS = attn.decode_tile_keys
 
 
 def no_attention(cache: KVCache, layer: int, qkv, heads: int, scale: float):
@@ -145,9 +157,11 @@ def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
     return cache.fused_decode(layer, qkv, heads, scale)
 
 
-# whole-step variants: the batch-1 projection rule and the decode attention route (no-attention
+# whole-step variants: the batch-1 projection rule, the decode attention route and its key tile (no-attention
 # is an ablation: timing only)
-PLANS = {"library": {}, "gemv-heads": {"linear_plan": gemv_heads}, "fat-tma": {"linear_plan": fat_tma},
+PLANS = {"library": {}, "skinny-heads": {"linear_plan": skinny_heads}, "fat-tma": {"linear_plan": fat_tma},
+         "rows1": {"linear_plan": rows1},
+         "keys32": {"tile_keys": lambda d: 2048 // d}, "keys128": {"tile_keys": lambda d: 8192 // d},
          "plain-bf16": {"linear_plan": plain_bf16},
          "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention},
          "fused-any-batch": {"attend": fused_any_batch}}
@@ -157,6 +171,7 @@ def use_plan(name: str) -> None:
     plan = PLANS[name]
     lin.linear_plan = plan.get("linear_plan", LIBRARY_PLAN)
     KVCache.attend = plan.get("attend", LIBRARY_ATTEND)
+    attn.decode_tile_keys = plan.get("tile_keys", LIBRARY_TILE_KEYS)
 
 
 def plan_names(value: str) -> list[str]:

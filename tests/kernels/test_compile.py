@@ -95,9 +95,8 @@ def specializations():
                     [arr(1, dtype=ct.int64), iarr(1), b, 2, True]))
     for v in (50257, 59264):        # the two vocabularies
         tile = argmax.chunk_tile(v)
-        out.append((f"argmax-chunk-{v}", argmax.argmax_chunk_kernel, [arr(2), arr(2), iarr(2), tile]))
-        out.append((f"argmax-pick-{v}", argmax.argmax_pick_kernel,
-                    [arr(2), iarr(2), arr(1, dtype=ct.int64), next_pow2(-(-v // tile))]))
+        out.append((f"argmax-{v}", argmax.argmax_kernel, [arr(2), arr(2), iarr(2), iarr(1), arr(1, dtype=ct.int64),
+                                                           tile, next_pow2(-(-v // tile))]))
     for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,

@@ -13,7 +13,8 @@ from typing import Any
 import cuda.tile as ct
 import numpy as np
 
-__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready"]
+__all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready",
+           "last_block_counters"]
 
 # Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
 # before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
@@ -113,6 +114,27 @@ class _DeviceArg:
             a = a.view(a.dtype.str.replace("V", "u"))
         self.__cuda_array_interface__ = {"shape": a.shape, "typestr": a.dtype.str, "strides": a.strides,
                                          "data": (a.data.ptr, False), "version": 2}
+
+
+_COUNTERS: dict = {}
+
+
+def last_block_counters(n: int):
+    """n zeroed int32 counters for kernels whose last block to finish a group of blocks
+    finishes the group's work (split-KV merge, argmax pick): each block adds one with an
+    acquire-release atomic after its stores, the block that sees the group's count is last,
+    and it sets the counter back to zero. So every launch leaves them zero, and one array per
+    device and stream serves them all, graph replays included. Allocated outside any memory
+    pool and never freed (a captured graph keeps the address): the first call on a stream
+    must not be inside a graph capture."""
+    import cupy
+
+    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+    have = _COUNTERS.setdefault(key, [])
+    if not have or have[-1].size < n:
+        with cupy.cuda.using_allocator(None):
+            have.append(cupy.zeros(max(n, 256), cupy.int32))
+    return have[-1]
 
 
 @functools.lru_cache(maxsize=None)

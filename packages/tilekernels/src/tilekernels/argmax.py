@@ -1,45 +1,43 @@
 """Index of the largest value along the last axis: greedy decoding's choice of token.
 
-A vocabulary row is split over many blocks, each writing its chunk's best value and index,
-and a second kernel picks the first of the largest; both are dependent launches (cupy's
-argmax in a decode graph cost 39 us of a 346 us GPT-2 step, decode-profile-gpt2-b1-h100-
-one-reduction-argmax.json). Ties go to the smallest index and a NaN counts as largest, as
-numpy's argmax does.
+A vocabulary row is split over many blocks, each writing its chunk's best value and index;
+the last block of a row to finish (an atomic count) picks the first of the largest, so the
+whole argmax is one dependent launch (cupy's argmax in a decode graph cost 39 us of a 346 us
+GPT-2 step, decode-profile-gpt2-b1-h100-one-reduction-argmax.json). Ties go to the smallest
+index and a NaN counts as largest, as numpy's argmax does.
 """
 from __future__ import annotations
 
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
+from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, launch, next_pow2
 
 ConstInt = ct.Constant[int]
 MIN_TILE = 1024
-MAX_CHUNKS = 64     # chunks of a row (the second kernel reads them as one tile)
+MAX_CHUNKS = 64     # chunks of a row (the picking block reads them as one tile)
 
 
 @ct.kernel
-def argmax_chunk_kernel(X, PV, PI, TILE: ConstInt):
-    """Best value and index of chunk bid(0) of row bid(1)."""
+def argmax_kernel(X, PV, PI, C, OUT, TILE: ConstInt, CHUNKS: ConstInt):
+    """Best value and index of chunk bid(0) of row bid(1); the row's last chunk to finish
+    (counted in C[row]) writes OUT[row], the index of the first chunk holding the largest
+    value, and sets the count back to zero."""
     inputs_ready()
     c = ct.bid(0)
     r = ct.bid(1)
     x = ct.load(X, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.NEG_INF)
     j = ct.argmax(x, axis=1, keepdims=True, propagate_nan=True)
-    ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True, propagate_nan=True))
-    ct.store(PI, index=(r, c), tile=j + c * TILE)
-
-
-@ct.kernel
-def argmax_pick_kernel(PV, PI, OUT, CHUNKS: ConstInt):
-    """OUT[row] = the index of the first chunk holding the row's largest value."""
-    inputs_ready()
-    r = ct.bid(0)
-    v = ct.load(PV, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.NEG_INF)
-    i = ct.load(PI, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO)
-    best = ct.argmax(v, axis=1, keepdims=True, propagate_nan=True)
-    pick = ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] == best, i, 0)
-    ct.store(OUT, index=(r,), tile=ct.astype(ct.reshape(ct.sum(pick, axis=1), (1,)), ct.int64))
+    # plain stores: a TMA store (async proxy) is not ordered by the atomic's release
+    ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True, propagate_nan=True), allow_tma=False)
+    ct.store(PI, index=(r, c), tile=j + c * TILE, allow_tma=False)
+    if ct.atomic_add(C, r, 1) == ct.num_blocks(0) - 1:
+        v = ct.load(PV, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.NEG_INF, allow_tma=False)
+        i = ct.load(PI, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+        best = ct.argmax(v, axis=1, keepdims=True, propagate_nan=True)
+        pick = ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] == best, i, 0)
+        ct.store(OUT, index=(r,), tile=ct.astype(ct.reshape(ct.sum(pick, axis=1), (1,)), ct.int64), allow_tma=False)
+        ct.atomic_xchg(C, r, 0, memory_order=ct.MemoryOrder.RELAXED)
 
 
 def chunk_tile(n: int) -> int:
@@ -76,6 +74,6 @@ def argmax(x, out=None):
         chunks = -(-n // tile)
         pv = xp.empty((rows, chunks), dtype=np.float32)
         pi = xp.empty((rows, chunks), dtype=np.int32)
-        launch((chunks, rows, 1), argmax_chunk_kernel, (x2, pv, pi, tile))
-        launch((rows, 1, 1), argmax_pick_kernel, (pv, pi, y.reshape(rows), next_pow2(chunks)))
+        launch((chunks, rows, 1), argmax_kernel,
+               (x2, pv, pi, last_block_counters(rows), y.reshape(rows), tile, next_pow2(chunks)))
     return y

@@ -24,7 +24,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2, sm_count
+from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, launch, next_pow2, sm_count
 from .activations import fast_div
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
@@ -267,24 +267,6 @@ def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tupl
     return per, -(-tiles // per)
 
 
-_COUNTERS: dict = {}
-
-
-def chunk_counters(n: int):
-    """n zeroed int32 counters for decode_split_kernel's last-block merge, one array per
-    device and stream: every launch leaves them zero again, so graph replays share them.
-    Allocated outside any memory pool and never freed (a captured graph keeps the address);
-    the first call on a stream must not be inside a graph capture."""
-    import cupy
-
-    key = (cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
-    have = _COUNTERS.setdefault(key, [])
-    if not have or have[-1].size < n:
-        with cupy.cuda.using_allocator(None):
-            have.append(cupy.zeros(max(n, 256), cupy.int32))
-    return have[-1]
-
-
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: int, new=None, rope=None):
     """Decode attention (Tq = 1) in `splits` chunks of `per` key tiles (decode_tile_keys)
     each, merged by the last block of each head (tools time plans through this).
@@ -307,7 +289,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, per: int, splits: 
         po = cupy.empty((bsz, hq, splits, d), dtype=cupy.float32)
         pm = cupy.empty((bsz, hq, splits), dtype=cupy.float32)
         pl = cupy.empty_like(pm)
-        counters = chunk_counters(bsz * hq)
+        counters = last_block_counters(bsz * hq)
     launch((splits, bsz * hq, 1), decode_split_kernel,
            (q, k, v, kn, vn, po, pm, pl, out, counters, kv_start, kv_len, cos, sin, scale_log2, hq // hkv, per,
             half, d, decode_tile_keys(d), next_pow2(splits), splits == 1, new is not None, rope is not None))

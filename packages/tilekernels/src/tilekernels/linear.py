@@ -15,7 +15,7 @@ before waiting for x (dependent launch: see _arrays.launch).
 Three kernels by the number of rows M:
 - M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
   block owns one or two output rows over all of K, so there is no split-K reduction.
-- M <= 16 (batched decode, and M = 1 with a vocabulary-wide N): weights as the A operand
+- M <= 16 (batched decode, and M = 1 with a bfloat16 vocabulary-wide N): weights as the A operand
   of a TF32 mma, 64 output columns per block against up to 16 rows of x.
 - larger M: 128x128 TF32 tiles in grouped order for L2 reuse, split over K (second
   kernel reduces and applies the epilogue) only when the output tiles cover under a quarter
@@ -299,13 +299,15 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     to 8192) whose weight slice is one tile over all of K, loaded without TMA so the loads
     are issued before the kernel waits for x; bfloat16 weights in (16, 512) tiles through TMA
     (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
-    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json); vocabulary heads
-    (N > 4096) on the mma kernel.
+    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json). float32 vocabulary
+    heads take the GEMV too (gpt2 step 275.9 -> 271.5 us once its K loop was compiled out,
+    decode-profile-gpt2-b1-h100-one-tile-gemv-merge-in-split.json); bfloat16 ones (N > 4096)
+    the mma kernel.
     Chosen on whole decode steps (tools/profile_decode.py --plans, benchmarks/results/
     decode-profile-*.json), tiles from tools/sweep_gemv.py."""
-    if m == 1 and n <= (8192 if glu else 4096):
-        if itemsize == 2:
-            return "gemv", BF16_GEMV, True
+    if m == 1 and itemsize == 2 and n <= (8192 if glu else 4096):
+        return "gemv", BF16_GEMV, True
+    if m == 1 and itemsize == 4:
         tk = min(next_pow2(k), 8192)
         return "gemv", (max(1, 2048 // tk), tk), False
     if m <= 16:
