@@ -1,7 +1,7 @@
 """A decode step captured once as a CUDA graph and replayed for every token (DecodeGraph), and
 whole stages replayed from a graph per input shape (ShapeGraphs: GLM-ASR's encoder and prefill).
 
-At batch 1 a step is ~80 (GPT-2) to ~190 (GLM-ASR) kernel launches whose host cost (~30 us
+At batch 1 a step is ~60 (GPT-2) to ~140 (GLM-ASR) kernel launches whose host cost (~30 us
 each through Python and ct.launch) exceeds the GPU work several times over; a graph
 replays them back to back, each kernel launched as a programmatic dependent of the one
 before (see tilekernels._arrays.launch), so it is scheduled while its predecessor runs. Everything the step reads that changes per token (token ids,
