@@ -14,7 +14,7 @@ import cuda.tile as ct
 import numpy as np
 
 __all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready",
-           "last_block_counters"]
+           "last_block_counters", "last_in_group", "reset_count"]
 
 # Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
 # before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
@@ -135,6 +135,18 @@ def last_block_counters(n: int):
         with cupy.cuda.using_allocator(None):
             have.append(cupy.zeros(max(n, 256), cupy.int32))
     return have[-1]
+
+
+def last_in_group(C, group):
+    """Tile helper for last_block_counters, after the block's plain (non-TMA: the release does
+    not order the async proxy) stores: count the block into C[group] and tell whether it is the
+    last of the group, the blocks along grid axis 0; then its loads see the group's stores."""
+    return ct.atomic_add(C, group, 1) == ct.num_blocks(0) - 1
+
+
+def reset_count(C, group) -> None:
+    """Tile helper: the group's last block, done, sets C[group] back to zero."""
+    ct.atomic_xchg(C, group, 0, memory_order=ct.MemoryOrder.RELAXED)
 
 
 @functools.lru_cache(maxsize=None)

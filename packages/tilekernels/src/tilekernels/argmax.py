@@ -11,7 +11,8 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, launch, next_pow2
+from ._arrays import (array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch,
+                      next_pow2, reset_count)
 
 ConstInt = ct.Constant[int]
 MIN_TILE = 1024
@@ -28,16 +29,15 @@ def argmax_kernel(X, PV, PI, C, OUT, TILE: ConstInt, CHUNKS: ConstInt):
     r = ct.bid(1)
     x = ct.load(X, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.NEG_INF)
     j = ct.argmax(x, axis=1, keepdims=True, propagate_nan=True)
-    # plain stores: a TMA store (async proxy) is not ordered by the atomic's release
     ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True, propagate_nan=True), allow_tma=False)
     ct.store(PI, index=(r, c), tile=j + c * TILE, allow_tma=False)
-    if ct.atomic_add(C, r, 1) == ct.num_blocks(0) - 1:
+    if last_in_group(C, r):
         v = ct.load(PV, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.NEG_INF, allow_tma=False)
         i = ct.load(PI, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
         best = ct.argmax(v, axis=1, keepdims=True, propagate_nan=True)
         pick = ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] == best, i, 0)
         ct.store(OUT, index=(r,), tile=ct.astype(ct.reshape(ct.sum(pick, axis=1), (1,)), ct.int64), allow_tma=False)
-        ct.atomic_xchg(C, r, 0, memory_order=ct.MemoryOrder.RELAXED)
+        reset_count(C, r)
 
 
 def chunk_tile(n: int) -> int:

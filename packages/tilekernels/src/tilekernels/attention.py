@@ -24,7 +24,8 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, launch, next_pow2, sm_count
+from ._arrays import (array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch,
+                      next_pow2, reset_count, sm_count)
 from .activations import fast_div
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
@@ -226,13 +227,12 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     if FINAL:
         ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)))
     else:
-        # plain stores: a TMA store (async proxy) is not ordered by the atomic's release
         ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
         ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)), allow_tma=False)
         ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)), allow_tma=False)
-        if ct.atomic_add(C, ct.bid(1), 1) == ct.num_blocks(0) - 1:
+        if last_in_group(C, ct.bid(1)):
             merge_chunks(PO, PM, PL, O, b, h, D, S_TILE)
-            ct.atomic_xchg(C, ct.bid(1), 0, memory_order=ct.MemoryOrder.RELAXED)
+            reset_count(C, ct.bid(1))
 
 
 flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
