@@ -4,8 +4,9 @@
 
 gpt2 and gpt2-medium configurations with random weights, fp32 (TF32 allowed for both).
 Prefill: one forward over B x T tokens. Decode: 256 greedy steps after a 32-token prompt
-as gpt.generate runs them: replays of the captured CUDA graph, each taking its argmax on
-the device and feeding the next, the host reading tokens one step behind. transformers
+as gpt.generate runs them: replays of captured CUDA graphs of 8 steps, each step taking its
+argmax on the device and feeding the next, the host reading each replay's tokens while the
+next replay runs. transformers
 runs generate() for 256 new tokens, eagerly and (gpt2, batch 1) with its static cache
 under torch.compile, transformers' own fast path.
 """
@@ -32,7 +33,7 @@ def ours_decode(model: GPT, batch: int, prompt: int, steps: int) -> float:
     with cupy.cuda.Stream(non_blocking=True) as stream:
         cache = model.new_cache(batch, prompt + steps + 1)
         logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
-        decode = DecodeGraph(lambda i, p: model.step(i, p, cache), cache)
+        decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache)
         first = logits.get().argmax(-1)
         stream.synchronize()
         t = time.perf_counter()

@@ -26,7 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 
 import tilekernels as tk
 import tilekernels._arrays as tk_arrays
+from tilekernels._arrays import next_pow2
 from benchlib import gpu_name, versions, write_result
+import gpt.graph as gpt_graph
 from gpt.graph import DecodeGraph
 from gpt.kvcache import KVCache
 from gpt.model import GPT
@@ -36,7 +38,7 @@ attn = import_module("tilekernels.attention")
 
 
 def gpt2(batch: int, context: int):
-    """(step(ids, positions), cache) of gpt2 with `context` tokens already in the cache."""
+    """(embedding tables, step(x), cache) of gpt2 with `context` tokens already in the cache."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +46,7 @@ def gpt2(batch: int, context: int):
         model = GPT.load(Path(tmp), "gpu")
     cache = model.new_cache(batch, context + 300)
     model.forward(cupy.ones((batch, context), cupy.int64), cupy.arange(context)[None].repeat(batch, 0), cache)
-    return (lambda i, p: model.step(i, p, cache)), cache
+    return model.embedding_tables, (lambda x: model.step(x, cache)), cache
 
 
 def rand(*shape):
@@ -99,7 +101,7 @@ def glm_asr(batch: int, context: int, weights: str = "bf16"):
     model = random_glm_asr(weights=weights)
     cache = model.new_cache(context + 300)
     model.forward(rand(1, context, model.config.decoder.hidden_size), cache)
-    return (lambda i, p: model.step(tk.embedding(i, model.w["embed"]), cache)), cache
+    return (model.w["embed"], None), (lambda x: model.step(x, cache)), cache
 
 
 LIBRARY_PLAN = lin.linear_plan
@@ -137,6 +139,28 @@ def plain_bf16(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsi
     return plan
 
 
+def previous_gemv(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
+    """The float32 batch-1 rule before the current one: (2, 1024) tiles for K <= 1024, one row of
+    next_pow2(K) above."""
+    if m == 1 and itemsize == 4:
+        tk = min(next_pow2(k), 8192)
+        return "gemv", (max(1, 2048 // tk), tk), False
+    return LIBRARY_PLAN(m, n, k, glu, sms, itemsize)
+
+
+def fat_rows(qkv: int, proj: int, fc: int, head: int, wide: int):
+    """float32 batch-1 GEMV rule with this many weight rows a block for each of GPT-2's projections:
+    K <= 1024 in (rows, 1024) tiles by N (N = K: proj, N = 3K: qkv, N = 4K: fc, N > 4096: the
+    vocabulary head), wider K in (wide, next_pow2(K)) tiles."""
+    def plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
+        if m == 1 and itemsize == 4:
+            tk = min(next_pow2(k), 8192)
+            tn = wide if tk > 1024 else head if n > 4096 else proj if n <= k else qkv if n <= 3 * k else fc
+            return "gemv", (tn, tk), False
+        return LIBRARY_PLAN(m, n, k, glu, sms, itemsize)
+    return plan
+
+
 LIBRARY_ATTEND = KVCache.attend
 LIBRARY_TILE_KEYS = attn.decode_tile_keys
 
@@ -160,7 +184,14 @@ def fused_any_batch(cache: KVCache, layer: int, qkv, heads: int, scale: float):
 # whole-step variants: the batch-1 projection rule, the decode attention route and its key tile (no-attention
 # is an ablation: timing only)
 PLANS = {"library": {}, "skinny-heads": {"linear_plan": skinny_heads}, "fat-tma": {"linear_plan": fat_tma},
-         "rows1": {"linear_plan": rows1},
+         "rows1": {"linear_plan": rows1}, "previous-gemv": {"linear_plan": previous_gemv},
+         **{"r" + "".join(map(str, rows)): {"linear_plan": fat_rows(*rows)}
+            for rows in ((4, 4, 4, 4, 2), (2, 4, 4, 4, 2), (4, 2, 4, 4, 2), (4, 4, 2, 4, 2), (4, 4, 4, 2, 2),
+                         (4, 4, 4, 4, 4), (8, 4, 4, 4, 2), (4, 8, 4, 4, 2), (4, 4, 8, 4, 2), (4, 4, 4, 8, 2),
+                         (4, 1, 4, 4, 2), (2, 2, 2, 2, 1), (2, 1, 4, 4, 2), (1, 1, 4, 4, 2), (2, 1, 4, 8, 2),
+                         (2, 1, 4, 4, 1), (2, 1, 8, 4, 2), (2, 1, 2, 4, 2), (2, 2, 4, 4, 2), (2, 1, 4, 4, 4), (4, 1, 4, 8, 2),
+                         (4, 1, 4, 4, 1), (4, 1, 4, 4, 4), (8, 1, 4, 4, 2), (4, 1, 2, 4, 2), (4, 1, 4, 2, 2),
+                         (4, 1, 8, 4, 2))},
          "keys32": {"tile_keys": lambda d: 2048 // d}, "keys128": {"tile_keys": lambda d: 8192 // d},
          "plain-bf16": {"linear_plan": plain_bf16},
          "split-qkv": {"attend": KVCache.split_then_attend}, "no-attention": {"attend": no_attention},
@@ -183,17 +214,19 @@ def plan_names(value: str) -> list[str]:
     return names
 
 
-def time_graph(step, cache, ids, pos, t: int, stream) -> tuple[float, float]:
-    """(us per graph replay, us per token of a 200-step greedy chain) of a fresh DecodeGraph."""
-    graph = DecodeGraph(step, cache)
+def time_graph(embed, step, cache, ids, pos, t: int, stream) -> tuple[float, float]:
+    """(us per replay of a one-step graph, back to back from the same input, us per token of a
+    200-step greedy chain) of a fresh DecodeGraph."""
+    graph = DecodeGraph(embed, step, cache)
+    cache.length = t
+    graph._seed(ids[:, 0], pos[:, 0])
+    one = graph.single[0].graph
     for _ in range(5):
-        cache.length = t
-        graph(ids, pos)
+        one.launch(stream)
     stream.synchronize()
     start = time.perf_counter()
     for _ in range(100):
-        cache.length = t
-        graph(ids, pos)
+        one.launch(stream)
     stream.synchronize()
     replay = (time.perf_counter() - start) * 1e4
     cache.length = t
@@ -201,6 +234,36 @@ def time_graph(step, cache, ids, pos, t: int, stream) -> tuple[float, float]:
     n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
     stream.synchronize()
     return replay, (time.perf_counter() - start) / n * 1e6
+
+
+def time_steps_per_graph(embed, step, cache, ids, pos, t: int, stream, counts=(1, 2, 4, 8, 16)) -> dict:
+    """us per token of greedy steps replayed back to back with no host work between them, from
+    graphs of n steps each (DecodeGraph._capture), for each n in counts (the choice of
+    gpt.graph.CHAIN; 'n-overlapped': without its step boundary, where a step's first kernels may
+    start before the step before has finished, unsafe); n = 1 alternates DecodeGraph's two
+    single-step graphs."""
+    graph = DecodeGraph(embed, step, cache)
+    per_round = 96          # steps between resets of the cache span (the cache has 300 free slots)
+    out = {}
+    for n in (*counts, "8-overlapped"):
+        if n == "8-overlapped":
+            gpt_graph.full_wait_next = lambda: None
+        replays = graph.single if n == 1 else [graph._capture(step, 0, int(str(n).split("-")[0]))]
+        gpt_graph.full_wait_next = tk_arrays.full_wait_next
+        rounds = []
+        for _ in range(4):
+            cache.length = t
+            graph._seed(ids[:, 0], pos[:, 0])
+            stream.synchronize()
+            start = time.perf_counter()
+            steps = replays[0].n
+            for r in range(per_round // steps):
+                replays[r % len(replays)].graph.launch(stream)
+            stream.synchronize()
+            rounds.append((time.perf_counter() - start) / (per_round // steps * steps) * 1e6)
+        out[n] = round(float(np.median(rounds[1:])), 1)
+        print(f"{n} steps a graph: {out[n]:.1f} us per token")
+    return out
 
 
 def main():
@@ -218,16 +281,17 @@ def main():
     result = {"gpu": gpu_name(), "versions": versions(), "model": f"{args.model}, random weights", "batch": b,
               "context": t, "weights": "fp32" if args.model == "gpt2" else args.weights}
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        step, cache = gpt2(b, t) if args.model == "gpt2" else glm_asr(b, t, args.weights)
+        embed, step, cache = gpt2(b, t) if args.model == "gpt2" else glm_asr(b, t, args.weights)
         for name in args.plans:
             use_plan(name)
-            replay, _ = time_graph(step, cache, ids, pos, t, stream)
-            result.setdefault("plans_replay_us", {})[name] = round(replay, 1)
+            replay, _ = time_graph(embed, step, cache, ids, pos, t, stream)
+            result.setdefault("plans_replay_us", {}).setdefault(name, []).append(round(replay, 1))
             print(f"plan {name}: graph replay {replay:.1f} us per step")
         use_plan("library")
+        result["steps_per_graph_us_per_token"] = time_steps_per_graph(embed, step, cache, ids, pos, t, stream)
         for dependent in (True, False):
             tk_arrays.DEPENDENT_LAUNCH = dependent
-            replay, chain = time_graph(step, cache, ids, pos, t, stream)
+            replay, chain = time_graph(embed, step, cache, ids, pos, t, stream)
             key = "dependent_launch" if dependent else "plain_launch"
             result[key] = {"graph_replay_us": round(replay, 1), "greedy_us_per_token": round(chain, 1),
                            "tokens_per_s": round(1e6 / chain, 1)}
@@ -237,7 +301,7 @@ def main():
             for _ in range(5):
                 cache.length = t
                 cache.begin(1)
-                step(cupy.ones((b, 1), cupy.int64), cupy.full((b, 1), t))
+                step(cupy.ones((b, 1, embed[0].shape[1]), cupy.float32))
             stream.synchronize()
         tk_arrays.DEPENDENT_LAUNCH = True
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)

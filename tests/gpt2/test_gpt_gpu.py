@@ -37,7 +37,7 @@ def twin_caches(tmp_path, length: int, kv_start=None):
     plain, graphed = model.new_cache(2, length, kv_start=kv_start), model.new_cache(2, length, kv_start=kv_start)
     logits = model.forward(prompt, pos, plain)
     model.forward(prompt, pos, graphed)
-    return model, plain, graphed, logits, DecodeGraph(lambda i, p: model.step(i, p, graphed), graphed)
+    return model, plain, graphed, logits, DecodeGraph(model.embedding_tables, lambda x: model.step(x, graphed), graphed)
 
 
 def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
@@ -51,13 +51,14 @@ def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
 
 
 def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
+    """Two chained replays of CHAIN steps, then single steps (19 = 2 x 8 + 3)."""
     with cupy.cuda.Stream(non_blocking=True):
         model, plain, graphed, logits, decode = twin_caches(tmp_path, 32)
         first = logits.get().argmax(-1)
         ref, tok = [], first
-        for s in range(10):
+        for s in range(19):
             tok = model.forward(cupy.asarray(tok)[:, None], cupy.full((2, 1), 4 + s), plain).get().argmax(-1)
             ref.append(tok)
-        got = list(decode.greedy(first, np.array([4, 4]), 10))
+        got = list(decode.greedy(first, np.array([4, 4]), 19))
     np.testing.assert_array_equal(np.array(got), np.array(ref))
     assert graphed.length == plain.length

@@ -16,10 +16,9 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, embedding, increment, linear, norm, qkv, rope, softmax = (
+act, argmax, attention, embedding, linear, norm, qkv, rope, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "embedding", "increment", "linear", "norm", "qkv", "rope",
-              "softmax"))
+    for m in ("activations", "argmax", "attention", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -70,6 +69,12 @@ def specializations():
             out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
                         [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32,
                          *(linear.SKINNY_GLU if glu else linear.SKINNY), bias, code, glu, res, nrm, scale, precise]))
+    # the float32 batch-1 tiles linear_plan picks by (N, K): GPT-2's qkv, attention output, MLP output; GLM-ASR's
+    for n, k in ((2304, 768), (768, 768), (768, 3072), (2048, 2048), (2048, 6144)):
+        _, (tn, tk), _ = linear.linear_plan(1, n, k)
+        out.append((f"gemv-fp32-{n}x{k}", linear.gemv_kernel,
+                    [arr(2), arr(2), arr(2), arr(1), arr(1), arr(2), arr(2), F32, tn, tk, True, 0, False, n <= k,
+                     linear.LAYER if n > k else linear.NO_NORM, False, False, tk >= k]))
     out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(1), arr(2), arr(2), F32, 32, 256,
                                                   True, 0, False, False, linear.LAYER, False, True, False]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
@@ -90,13 +95,16 @@ def specializations():
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
                     [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
-    for b in (1, 8):                # a decode graph's positions (B, int64) and cache span (2, int32)
-        out.append((f"increment-{b}", increment.increment_kernel,
-                    [arr(1, dtype=ct.int64), iarr(1), b, 2, True]))
-    for v in (50257, 59264):        # the two vocabularies
+    # the two vocabularies: a plain argmax, and a decode graph's step tail (positions, the cache span
+    # (2 counters), the next token's embedding: GPT-2 tokens + positions, GLM decoder tokens in bfloat16)
+    i64 = arr(1, dtype=ct.int64)
+    for v, c, pos, wt in ((50257, 768, True, W32), (59264, 2048, False, W16)):
         tile = argmax.chunk_tile(v)
-        out.append((f"argmax-{v}", argmax.argmax_kernel, [arr(2), arr(2), iarr(2), iarr(1), arr(1, dtype=ct.int64),
-                                                           tile, next_pow2(-(-v // tile))]))
+        for tail in (False, True):
+            out.append((f"argmax-{v}-tail{tail}", argmax.argmax_kernel,
+                        [arr(2), arr(2), iarr(2), iarr(1), i64, i64, iarr(1), arr(2, dtype=wt), arr(2, dtype=wt),
+                         arr(2), tile, next_pow2(-(-v // tile)), 2, min(next_pow2(c), argmax.EMBED_TILE), tail,
+                         tail, tail, tail and pos]))
     for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,

@@ -408,12 +408,25 @@ def test_argmax(poisoned, rng, rows, n):
     assert not last_block_counters(rows).any()      # the picking blocks left their counts at zero
 
 
-@pytest.mark.parametrize("sizes", [(1,), (1, 2), (8, 2), (769, 1281)])
-def test_increment(rng, sizes):
+@pytest.mark.parametrize("rows,n,c,counters,bf16", [(1, 50257, 768, 2, False), (8, 769, 7, 2, False),
+                                                    (3, 59264, 2048, 1281, True), (1, 1, 1, 1, False)])
+def test_argmax_step_tail(poisoned, rng, rows, n, c, counters, bf16):
+    """The picking blocks advance positions and counters and gather the chosen rows (embed) at
+    the advanced positions, as the numpy op does; with and without a position table."""
     import cupy
 
-    host = [rng.integers(-5, 5, n).astype(dt) for n, dt in zip(sizes, (np.int64, np.int32))]
-    dev = [cupy.asarray(h) for h in host]
-    tk.increment(*dev)
-    for h, d in zip(host, dev):
-        assert d.dtype == h.dtype and np.array_equal(d.get(), h + 1)
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    table, pos_table = rng.standard_normal((n, c)).astype(np.float32), rng.standard_normal((40, c)).astype(np.float32)
+    if bf16:
+        table = tk.compact((table.view(np.uint32) & 0xFFFF0000).view(np.float32))
+    for pt in (pos_table, None):
+        pos, cnt = rng.integers(0, 30, rows).astype(np.int64), rng.integers(-5, 5, counters).astype(np.int32)
+        want = np.full((rows, c), np.nan, np.float32)
+        ids = tk.argmax(x, positions=pos.copy(), counters=cnt.copy(), embed=(table, pt, want))
+        dev = [cupy.asarray(a) for a in (x, pos, cnt, table)]
+        got = cupy.empty((rows, c), cupy.float32)        # NaN until written (poisoned)
+        dp = None if pt is None else cupy.asarray(pt)
+        out = tk.argmax(dev[0], positions=dev[1], counters=dev[2], embed=(dev[3], dp, got))
+        assert np.array_equal(out.get(), ids)
+        assert np.array_equal(dev[1].get(), pos + 1) and np.array_equal(dev[2].get(), cnt + 1)
+        assert np.array_equal(got.get(), want)

@@ -100,12 +100,16 @@ def test_argmax(rng, n):
     assert tk.argmax(x[0]).shape == () and int(tk.argmax(x[0])) == int(np.argmax(x[0]))
 
 
-def test_increment():
-    a, b = np.arange(3, dtype=np.int64).reshape(3, 1), np.array([5, 9], np.int32)
-    tk.increment(a, b)
-    assert a.ravel().tolist() == [1, 2, 3] and b.tolist() == [6, 10] and b.dtype == np.int32
-    tk.increment(b)
-    assert b.tolist() == [7, 11]
+def test_argmax_step_tail(rng):
+    """positions and counters advance by one; embed gathers the chosen rows at the new positions."""
+    x, table, pos_table = f32(rng, 3, 50), f32(rng, 50, 7), f32(rng, 9, 7)
+    positions, counters = np.array([0, 4, 7], np.int64), np.array([5, 9], np.int32)
+    rows = np.full((3, 7), np.nan, np.float32)
+    ids = tk.argmax(x, positions=positions, counters=counters, embed=(table, pos_table, rows))
+    assert positions.tolist() == [1, 5, 8] and counters.tolist() == [6, 10] and counters.dtype == np.int32
+    assert np.array_equal(rows, table[np.argmax(x, -1)] + pos_table[[1, 5, 8]])
+    tk.argmax(x, embed=(table, None, rows))
+    assert np.array_equal(rows, table[ids]) and positions.tolist() == [1, 5, 8]
 
 
 @pytest.mark.parametrize("n", SIZES + [50257])

@@ -197,7 +197,7 @@ class GlmAsr:
         if self._decode is None or self._decode.cache.k.shape[3] < length:
             self._decode = self._prefill = None
             cache = self.new_cache(length)
-            self._decode = decoder(self.xp, lambda i, p: self.step(tk.embedding(i, self.w["embed"]), cache), cache)
+            self._decode = decoder(self.xp, (self.w["embed"], None), lambda x: self.step(x, cache), cache)
             self._prefill = graphed(self.xp, lambda x: self.step(x, cache))
         self._decode.cache.length = 0
         return self._decode

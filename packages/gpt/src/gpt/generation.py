@@ -57,7 +57,7 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
     with device_stream(xp):
         cache = model.new_cache(b, longest + max_new_tokens, kv_start=start)
         logits = model.forward(xp.asarray(batch), xp.asarray(pos), cache)
-        decode = decoder(xp, lambda i, p: model.step(i, p, cache), cache)
+        decode = decoder(xp, model.embedding_tables, lambda x: model.step(x, cache), cache)
         _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text)
     for j, o in enumerate(outs):          # flush what a stop-string prefix held back
         if on_text and len(o.text) > o.emitted:

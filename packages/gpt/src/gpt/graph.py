@@ -4,116 +4,143 @@ whole stages replayed from a graph per input shape (ShapeGraphs: GLM-ASR's encod
 At batch 1 a step is ~60 (GPT-2) to ~140 (GLM-ASR) kernel launches whose host cost (~30 us
 each through Python and ct.launch) exceeds the GPU work several times over; a graph
 replays them back to back, each kernel launched as a programmatic dependent of the one
-before (see tilekernels._arrays.launch), so it is scheduled while its predecessor runs. Everything the step reads that changes per token (token ids,
-positions, the cache span) lives in fixed device buffers refreshed before each replay.
+before (see tilekernels._arrays.launch), so it is scheduled while its predecessor runs.
+Everything a step reads that changes per token (its input embeddings, positions, the cache
+span) lives in fixed device buffers, which the step's last kernel advances for the next.
 Temporaries come from a private memory pool so no later allocation can reuse an address
 the graph writes.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
 import tilekernels as tk
+from tilekernels._arrays import full_wait_next
 
 from .kvcache import KVCache
 
 
-class DecodeGraph:
-    """decode(ids (B, 1), positions (B, 1)) -> logits (B, V) on the device, one token per call.
+CHAIN = 8       # greedy steps a replay (tools/profile_decode.py: steps_per_graph_us_per_token)
 
-    step(ids, positions) is the model's device work for one token per sequence, reading
-    the cache span that cache.begin announces. The captured graph also takes the argmax
-    of the logits and advances ids, positions and span to it on the device, so greedy
-    decoding chains replays with no host work in between (see greedy). The step is captured
-    twice, reading token ids from one buffer and writing the next ids to the other, and the
-    two graphs alternate: a step's tokens are copied to the host on a stream of their own
-    while the next step runs, instead of between steps. Create and call it under a
-    non-default cupy stream (graphs cannot capture the legacy default stream): see
-    device_stream.
+
+@dataclass
+class Replay:
+    """A captured graph of n decode steps, the logits of its last step (kept: the graph writes
+    them) and the pinned host array (n, B) its last node copies the steps' tokens into."""
+    graph: object
+    logits: object
+    n: int
+    tokens: np.ndarray
+
+
+class DecodeGraph:
+    """decode(ids (B,), positions (B,)) -> logits (B, V) on the device, one token per call;
+    greedy(...) for a whole greedy continuation.
+
+    step(x) is the model's device work for one token per sequence from their embeddings x
+    (B, 1, C), reading the cache span that cache.begin announces; embed = (table, pos_table or
+    None) are the model's embedding tables. Every captured step ends in one argmax launch
+    that also advances positions and span and gathers the chosen tokens' embeddings into the
+    other of two input buffers, so steps chain on the device with no host work between them:
+    greedy replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
+    tokens; gpt2 on an H100: 250.4 us a token against 259.8 for a graph a step,
+    benchmarks/results/decode-profile-gpt2-b1-h100.json).
+    Create and call it under a non-default cupy stream (graphs cannot capture the legacy
+    default stream): see device_stream.
     """
 
-    def __init__(self, step: Callable, cache: KVCache):
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache):
         import cupy
 
         b = cache.k.shape[1]
         self.cache = cache
-        self.ids = [cupy.zeros((b, 1), cupy.int64) for _ in range(2)]   # graph p reads ids[p], writes ids[1 - p]
-        self.positions = cupy.zeros((b, 1), cupy.int64)
-        self.parity = 0         # the graph the next step replays
-        self.copies = cupy.cuda.Stream(non_blocking=True)
-        self.pools = [cupy.cuda.MemoryPool() for _ in range(2)]
-        self.graphs, self.logits = [], []
-        stream = cupy.cuda.get_current_stream()
-        for p, pool in enumerate(self.pools):
-            cache.begin(1)      # the warm-up writes the next position; the first real step overwrites it
-            with cupy.cuda.using_allocator(pool.malloc):
-                self._step(step, p)                         # compiles kernels, fills the pool
-                cache.begin(1)
-                stream.begin_capture()
-                self.logits.append(self._step(step, p))
-                self.graphs.append(stream.end_capture())
+        self.table, self.pos_table = embed
+        self.x = [cupy.zeros((b, 1, self.table.shape[1]), cupy.float32) for _ in range(2)]
+        self.positions = cupy.zeros(b, cupy.int64)
+        self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
+        self._seed(np.zeros(b, np.int64), np.zeros(b, np.int64))   # compiles the seeding embedding now, not in greedy
+        # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
+        # consecutive replays copy their tokens into different host arrays
+        self.single = [self._capture(step, p, 1) for p in (0, 1)]
+        self.chains = [self._capture(step, 0, CHAIN) for _ in range(2)]
 
-    def _step(self, step: Callable, p: int):
-        logits = step(self.ids[p], self.positions)
-        tk.argmax(logits, out=self.ids[1 - p][:, 0])       # the next step's input ids
-        tk.increment(self.positions, self.cache.span)
+    def _step(self, step: Callable, p: int, tokens):
+        """One step from x[p]: its logits; the argmax into tokens (B,) and, embedded, into x[1 - p].
+        Its first kernel starts once the step before has finished: kernels read earlier steps'
+        cached keys before their dependency wait."""
+        full_wait_next()
+        logits = step(self.x[p])
+        nxt = self.x[1 - p]
+        tk.argmax(logits, out=tokens, positions=self.positions, counters=self.cache.span,
+                  embed=(self.table, self.pos_table, nxt.reshape(nxt.shape[0], -1)))
         return logits
 
-    def launch(self):
-        """Replay one step from the ids, positions and span already on the device; returns
-        its logits and the (B,) token ids it chose (device arrays its graph rewrites when
-        it next runs)."""
+    def _capture(self, step: Callable, p: int, n: int) -> Replay:
         import cupy
+        import cupyx
 
-        p = self.parity
-        self.graphs[p].launch(cupy.cuda.get_current_stream())
-        self.cache.length += 1
-        self.parity = 1 - p
-        return self.logits[p], self.ids[1 - p][:, 0]
+        stream = cupy.cuda.get_current_stream()
+        tokens = cupy.zeros((n, self.x[0].shape[0]), cupy.int64)
+        host = cupyx.empty_pinned(tokens.shape, np.int64)
+        with cupy.cuda.using_allocator(self.pool.malloc):
+            self.cache.begin(1)
+            self._step(step, p, tokens[0])              # compiles kernels, fills the pool
+            self.cache.begin(1)
+            stream.begin_capture()
+            for i in range(n):
+                logits = self._step(step, (p + i) % 2, tokens[i])
+            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, tokens.data.ptr, tokens.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+            graph = stream.end_capture()
+        graph.upload(stream)        # not in the first replay's time
+        return Replay(graph, logits, n, host)
 
     def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
-        """Host values of the next step's token ids, positions and cache span."""
+        """The next step's input (x[0]) from host token ids and positions; the cache span."""
+        import cupy
+
         self.cache.begin(1)
-        self.ids[self.parity].set(np.asarray(ids, np.int64).reshape(-1, 1))
-        self.positions.set(np.asarray(positions, np.int64).reshape(-1, 1))
+        ids = cupy.asarray(np.asarray(ids, np.int64).reshape(-1, 1))
+        self.positions.set(np.asarray(positions, np.int64).reshape(-1))
+        at = None if self.pos_table is None else self.positions[:, None]
+        self.x[0][...] = tk.embedding(ids, self.table, at, self.pos_table)
+
+    def _launch(self, replay: Replay):
+        """Queue a replay on the current stream; the event its tokens are ready at."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        replay.graph.launch(stream)
+        self.cache.length += replay.n
+        return stream.record()
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray):
         self._seed(ids, positions)
-        return self.launch()[0]
+        self._launch(self.single[0])
+        return self.single[0].logits
 
     def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """The (B,) argmax tokens of `steps` steps starting from ids at positions.
 
-        Each replay feeds its own argmax to the next; the host reads every token through
-        pinned memory one step behind the GPU, so the GPU never waits for the host. A step's
-        tokens are copied on the side stream while the next step runs (that step only reads
-        them); the step after, which overwrites them, is launched once the copy is done.
-        Stopping early leaves at most one extra step in the cache.
+        Replays of CHAIN steps, then single steps for the rest, each queued before the host
+        waits for the one before it, so the GPU never waits for the host; the host reads each
+        replay's tokens from pinned memory. Stopping early leaves at most one replay's steps
+        extra in the cache, never more than `steps` in all.
         """
-        import cupy
-        import cupyx
-
         self._seed(ids, positions)
-        stream = cupy.cuda.get_current_stream()
-        host = [cupyx.empty_pinned(self.ids[0].shape[:1], np.int64) for _ in range(2)]
-        ready = [None, None]
-
-        def issue(s: int) -> None:
-            _, tokens = self.launch()
-            self.copies.wait_event(stream.record())
-            tokens.get(stream=self.copies, out=host[s % 2], blocking=False)
-            ready[s % 2] = self.copies.record()
-
-        if steps > 0:
-            issue(0)
-        for s in range(steps):
-            if s + 1 < steps:
-                issue(s + 1)
-            ready[s % 2].synchronize()
-            yield host[s % 2].copy()
+        replays = [self.chains[c % 2] for c in range(steps // CHAIN)]
+        replays += [self.single[s % 2] for s in range(steps % CHAIN)]   # a chain ends where it began, at x[0]
+        ready = self._launch(replays[0]) if replays else None
+        for j, replay in enumerate(replays):
+            after = self._launch(replays[j + 1]) if j + 1 < len(replays) else None
+            ready.synchronize()
+            tokens = replay.tokens.copy()
+            ready = after
+            yield from tokens
 
 
 class ShapeGraphs:
@@ -179,12 +206,13 @@ def device_stream(xp):
 class PlainDecoder:
     """DecodeGraph's calls for numpy arrays: each step simply runs (CPU)."""
 
-    def __init__(self, step: Callable, cache: KVCache):
-        self.step, self.cache = step, cache
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache):
+        (self.table, self.pos_table), self.step, self.cache = embed, step, cache
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         self.cache.begin(1)
-        logits = self.step(np.asarray(ids).reshape(-1, 1), np.asarray(positions).reshape(-1, 1))
+        at = None if self.pos_table is None else np.asarray(positions).reshape(-1, 1)
+        logits = self.step(tk.embedding(np.asarray(ids).reshape(-1, 1), self.table, at, self.pos_table))
         self.cache.length += 1
         return logits
 
@@ -195,6 +223,7 @@ class PlainDecoder:
             yield ids
 
 
-def decoder(xp, step: Callable, cache: KVCache) -> DecodeGraph | PlainDecoder:
-    """The per-token step: a replayed CUDA graph on the GPU, a plain call on the CPU."""
-    return PlainDecoder(step, cache) if xp is np else DecodeGraph(step, cache)
+def decoder(xp, embed: tuple, step: Callable, cache: KVCache) -> DecodeGraph | PlainDecoder:
+    """The per-token step from embeddings (embed: the tables, (table, pos_table or None)): a
+    replayed CUDA graph on the GPU, a plain call on the CPU."""
+    return PlainDecoder(embed, step, cache) if xp is np else DecodeGraph(embed, step, cache)

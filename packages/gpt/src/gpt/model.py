@@ -95,13 +95,22 @@ class GPT:
         Returns (B, V) for the last position when last_only, else (B, T, V).
         """
         cache.begin(ids.shape[1])
-        logits = self.step(ids, positions, cache, last_only)
+        logits = self.step(self.embed(ids, positions), cache, last_only)
         cache.length += ids.shape[1]
         return logits
 
-    def step(self, ids, positions, cache: KVCache, last_only: bool = True):
-        """The device work of forward, for the span announced by cache.begin (graph-capturable)."""
-        x = tk.embedding(ids, self.wte, positions, self.wpe)
+    @property
+    def embedding_tables(self) -> tuple:
+        """(token table, position table): what embed reads (a decode graph gathers from them)."""
+        return self.wte, self.wpe
+
+    def embed(self, ids, positions):
+        """Token plus position embeddings (B, T, C) of ids at positions (B, T)."""
+        return tk.embedding(ids, self.wte, positions, self.wpe)
+
+    def step(self, x, cache: KVCache, last_only: bool = True):
+        """The device work of forward from the embeddings x (B, T, C), for the span announced by
+        cache.begin (graph-capturable)."""
         for i, blk in enumerate(self.blocks):
             x = self.attention(i, blk, x, cache)
             x = self.mlp(blk, x)

@@ -9,7 +9,6 @@ from .argmax import argmax
 from .attention import attention, decode_attention
 from .conv1d import conv1d
 from .embedding import embedding
-from .increment import increment
 from .linear import linear
 from .norm import LayerNorm, RMSNorm, fold_norm, layernorm, rmsnorm
 from .qkv import split_qkv
@@ -20,7 +19,7 @@ from .weights import compact, widen
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu", "increment",
+    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
     "is_device",
     "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu", "widen",
 ]

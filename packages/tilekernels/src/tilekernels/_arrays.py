@@ -14,7 +14,7 @@ import cuda.tile as ct
 import numpy as np
 
 __all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready",
-           "last_block_counters", "last_in_group", "reset_count"]
+           "last_block_counters", "last_in_group", "reset_count", "full_wait_next"]
 
 # Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
 # before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
@@ -117,6 +117,16 @@ class _DeviceArg:
 
 
 _COUNTERS: dict = {}
+_FULL_WAIT_NEXT = False
+
+
+def full_wait_next() -> None:
+    """Launch the next kernel plainly: none of it runs before every kernel queued before it has
+    finished, so neither do the dependent launches after it. Kernels read constants (weights)
+    and earlier steps' cached keys before their dependency wait: in a CUDA graph of several
+    decode steps, each step starts this way."""
+    global _FULL_WAIT_NEXT
+    _FULL_WAIT_NEXT = True
 
 
 def last_block_counters(n: int):
@@ -161,9 +171,11 @@ def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
     on Hopper and later: every kernel here calls inputs_ready before touching activations)."""
     import cupy
 
+    global _FULL_WAIT_NEXT
+    dependent = DEPENDENT_LAUNCH and not _FULL_WAIT_NEXT and _hopper_or_later()
+    _FULL_WAIT_NEXT = False
     args = tuple(_DeviceArg(a) if is_device(a) else a for a in args)
-    ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args,
-              programmatic_dependent_launch=DEPENDENT_LAUNCH and _hopper_or_later())
+    ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args, programmatic_dependent_launch=dependent)
 
 
 def inputs_ready() -> None:

@@ -176,8 +176,9 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     single chunk holds every key): the normalised output goes straight to O.
     NEW: KN, VN (B, Hkv, 1, D) are views of the new token's fused projection (Q too); the
     last chunk folds its key in, and that of the KV head's first query head stores k, v at
-    slot KL[0]. Every cached key was then written by earlier kernels, so the first key tile
-    loads before the dependency wait.
+    slot KL[0]. Every cached key was then written by an earlier step (whose kernels have all
+    finished: see _arrays.full_wait_next), so the chunk's first key tile loads before the
+    dependency wait; KL, which the kernel just before may have advanced, is read after it.
     ROPE (with NEW): q and the new key rotate first, cos and sin gathered from the tables
     COS, SIN (1, P, half) at the token's position KL[0] - KS[b].
     """
@@ -185,20 +186,22 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     b = ct.bid(1) // Q.shape[1]
     h = ct.bid(1) % Q.shape[1]
     kvh = h // group
-    tk = ct.load(KL, index=(0,), shape=())
     kstart = ct.load(KS, index=(b,), shape=())
-    tiles = ct.cdiv(tk, TILE_N)
-    j0 = split * tiles_per_split
-    j1 = min(j0 + tiles_per_split, tiles)
-    first = min(j0, max(tiles - 1, 0))     # an empty chunk re-reads a tile, all masked out
+    j0 = split * tiles_per_split       # < the cache's tiles: splits cover K.shape[2]
     if NEW:
-        k, v = kv_rows(K, V, b, kvh, first, D, TILE_N)
+        k, v = kv_rows(K, V, b, kvh, j0, D, TILE_N)
         inputs_ready()
     else:
         inputs_ready()
-        k, v = kv_rows(K, V, b, kvh, first, D, TILE_N)
+        k, v = kv_rows(K, V, b, kvh, j0, D, TILE_N)
+    tk = ct.load(KL, index=(0,), shape=())      # after the wait: the kernel before may have just advanced it
+    j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))     # j1 <= j0: an empty chunk, its one tile masked out
     c = ct.arange(D, dtype=ct.int32)[None, :]
-    q = ct.reshape(ct.load(Q, index=(b, h, 0, 0), shape=(1, 1, 1, D)), (1, D))
+    q = ct.reshape(ct.load(Q, index=(b, h, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+    kn, vn = q, q
+    if NEW:     # requested with q, so the last chunk's wait for them overlaps q's (every chunk loads them)
+        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
     position = max(tk - kstart, 0)
     if ROPE:
         q = rotate_half(Q, q, b, h, 0, c, COS, SIN, 0, position, half)
@@ -212,8 +215,6 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     m, l, acc = decode_tile(q, k, v, max(j1 - 1, j0), m, l, acc, tk, kstart, scale_log2, TILE_N)
     if NEW:
         if split == ct.num_blocks(0) - 1:
-            kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
-            vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D)), (1, D))
             if ROPE:
                 kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
             s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
@@ -222,10 +223,10 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
             p = ct.exp2(s - m_new)
             m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
             if h % group == 0:      # one store per KV head; the other heads mask slot tk out
-                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)))
-                ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)))
+                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)), allow_tma=False)
+                ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)), allow_tma=False)
     if FINAL:
-        ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)))
+        ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
     else:
         ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
         ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)), allow_tma=False)

@@ -116,9 +116,11 @@ def residual_tile(R, bm, bn, TILE_M: int, TILE_N: int, RESID: bool):
     return res
 
 
-def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int):
+def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int,
+             TMA: bool = True):
     """Store res + act(acc [* rstd] + bias) [* up] as output tile (bm, bn) (bias and res from
-    bias_tile and residual_tile)."""
+    bias_tile and residual_tile). TMA=False stores plainly: a TMA store of a tile of 16 bytes or
+    more turns a GEMV warp-specialised (SASS: 256 threads, 255 registers, one block an SM)."""
     if NORM != NO_NORM:
         acc = acc * rstd
         up = up * rstd
@@ -129,7 +131,7 @@ def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU:
         acc = acc * up
     if RESID:
         acc = acc + res
-    ct.store(Y, index=(bm, bn), tile=acc)
+    ct.store(Y, index=(bm, bn), tile=acc, allow_tma=TMA)
 
 
 def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
@@ -183,7 +185,7 @@ def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: C
             acc, acc2, s1, s2 = gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM, SCALE)
     y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
     epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
-             m, bn, HAS_BIAS, ACT, GLU, RESID, NORM)
+             m, bn, HAS_BIAS, ACT, GLU, RESID, NORM, TMA)
 
 
 def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
@@ -295,9 +297,12 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K), tma),
     ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
 
-    Batch-1 projections: thin GEMV blocks of one or two rows (2048 weights, or one row of up
-    to 8192) whose weight slice is one tile over all of K, loaded without TMA so the loads
-    are issued before the kernel waits for x; bfloat16 weights in (16, 512) tiles through TMA
+    Batch-1 projections: GEMV blocks whose weight slice is one tile over all of K, loaded
+    without TMA so the loads are issued before the kernel waits for x: four rows for K <= 1024
+    (one where N <= K: GPT-2's attention output, right after the attention kernel's few blocks),
+    two up to K = 4096, one beyond (gpt2 step 274 -> 256 us against (2, 1024) and one row for
+    K > 1024, the best of 29 mixes, decode-profile-gpt2-b1-h100-gemv-rows-*.json); bfloat16
+    weights in (16, 512) tiles through TMA
     (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
     best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json). float32 vocabulary
     heads take the GEMV too (gpt2 step 275.9 -> 271.5 us once its K loop was compiled out,
@@ -309,7 +314,8 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
         return "gemv", BF16_GEMV, True
     if m == 1 and itemsize == 4:
         tk = min(next_pow2(k), 8192)
-        return "gemv", (max(1, 2048 // tk), tk), False
+        tn = 1 if tk > 4096 else 2 if tk > 1024 else 1 if n <= k else 4
+        return "gemv", (tn, tk), False
     if m <= 16:
         return "skinny", SKINNY_GLU if glu else SKINNY
     tm, tn, tk = tiles = GLU_LARGE_M if glu else LARGE_M
