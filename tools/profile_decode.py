@@ -4,9 +4,10 @@
                                    [--weights bf16|fp32] [--out DIR]
 
 gpt2 (124M) or the GLM-ASR-Nano text decoder, random weights (GLM-ASR's bfloat16 values, as the
-hub checkpoint holds, stored as such: --weights fp32 for float32 ones): times one replay of the captured
-decode graph and the greedy chain per token, with programmatic dependent launch on and off (a
-graph captured for each), then lists each kernel's device time over 5 eager steps
+hub checkpoint holds, stored as such: --weights fp32 for float32 ones): times greedy steps from graphs
+of 1 to 16 steps back to back (gpt.graph.CHAIN's choice), then one replay of a single-step decode graph
+and the greedy chain per token, with programmatic dependent launch on and off (a graph captured for
+each), then lists each kernel's device time over 5 eager steps
 (torch.profiler's CUDA activity, which sees cuTile and cupy kernels alike), taken with
 dependent launch off so that no kernel's time includes waiting for the one before it.
 --plans first times the replay under other rules for the batch-1 projections or the decode
