@@ -33,8 +33,11 @@ class Replay:
     them) and the pinned host array (n, B) its last node copies the steps' tokens into."""
     graph: object
     logits: object
-    n: int
     tokens: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
 
 
 class DecodeGraph:
@@ -97,7 +100,7 @@ class DecodeGraph:
                                           cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             graph = stream.end_capture()
         graph.upload(stream)        # not in the first replay's time
-        return Replay(graph, logits, n, host)
+        return Replay(graph, logits, host)
 
     def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
         """The next step's input (x[0]) from host token ids and positions; the cache span."""
