@@ -216,8 +216,12 @@ def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
                                                    (1, 16, 4, 128, 200, 128)])     # split plans, one-pass plans
 def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
     """The fused decode kernel against split_qkv + attention in float64: the new k, v land at
-    slot `start` and nowhere else; slots past it hold NaN, which must never reach the output."""
+    slot `start` and nowhere else; slots past it hold NaN, which must never reach the output.
+    Only the chunks holding keys up to `start` run (the others' partials, never written, hold NaN
+    and must not reach the merge); the last of them leaves the head's counter at zero."""
     import cupy
+
+    from tilekernels._arrays import last_block_counters
 
     for s in sorted({0, 1, 63, 64, 65, 127, 128, 255, 256, 300, t_max - 1} & set(range(t_max))):
         (qkv, gqkv) = pair(rng, b, 1, (hq + 2 * hkv) * d)
@@ -234,6 +238,7 @@ def test_decode_attention(poisoned, rng, b, hq, hkv, d, t_max, rope):
         assert rel_err(gk[:, :, s], kc[:, :, s]) <= FP32, s
         assert rel_err(gv[:, :, :s + 1], vc[:, :, :s + 1]) == 0.0, s
         assert bool(cupy.isnan(gk[:, :, s + 1:]).all()) and bool(cupy.isnan(gv[:, :, s + 1:]).all()), s
+        assert not last_block_counters(b * hq).any(), s
 
 
 @pytest.fixture

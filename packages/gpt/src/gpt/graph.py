@@ -50,7 +50,7 @@ class DecodeGraph:
     that also advances positions and span and gathers the chosen tokens' embeddings into the
     other of two input buffers, so steps chain on the device with no host work between them:
     greedy replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
-    tokens; gpt2 on an H100: 250.4 us a token against 259.8 for a graph a step,
+    tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
     benchmarks/results/decode-profile-gpt2-b1-h100.json).
     Create and call it under a non-default cupy stream (graphs cannot capture the legacy
     default stream): see device_stream.

@@ -14,7 +14,8 @@ import cuda.tile as ct
 import numpy as np
 
 __all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready",
-           "last_block_counters", "last_in_group", "reset_count", "full_wait_next"]
+           "release_dependents", "wait_for_inputs", "last_block_counters", "last_in_group", "reset_count",
+           "full_wait_next"]
 
 # Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
 # before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
@@ -147,11 +148,11 @@ def last_block_counters(n: int):
     return have[-1]
 
 
-def last_in_group(C, group):
+def last_in_group(C, group, blocks):
     """Tile helper for last_block_counters, after the block's plain (non-TMA: the release does
     not order the async proxy) stores: count the block into C[group] and tell whether it is the
-    last of the group, the blocks along grid axis 0; then its loads see the group's stores."""
-    return ct.atomic_add(C, group, 1) == ct.num_blocks(0) - 1
+    last of the group's `blocks` blocks; then its loads see the group's stores."""
+    return ct.atomic_add(C, group, 1) == blocks - 1
 
 
 def reset_count(C, group) -> None:
@@ -185,5 +186,18 @@ def inputs_ready() -> None:
     kernel before the wait rather than after lets its blocks start their weight loads a kernel
     earlier (the next kernel still waits for this one to finish): measured 2.42 -> 2.20 us a
     kernel in a dependent chain (tools/launch_overhead.py), 363 -> 352 us a GPT-2 step."""
+    release_dependents()
+    wait_for_inputs()
+
+
+def release_dependents() -> None:
+    """Tile helper, inputs_ready's first half: the next kernel may start launching (a kernel
+    that loads something before its wait releases first, so the next launch does not wait
+    for those loads)."""
     ct.grid_dependency_control_launch_dependents()
+
+
+def wait_for_inputs() -> None:
+    """Tile helper, inputs_ready's second half: the kernels before this one have finished and
+    their writes are visible."""
     ct.grid_dependency_control_wait()

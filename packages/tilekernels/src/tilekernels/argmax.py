@@ -11,8 +11,8 @@ The picking block can also advance the row's position and the step counters and 
 chosen token's embedding for the next step: a decode step then ends in this one launch and
 leaves everything the next step reads on the device, so several steps chain in one CUDA graph
 (gpt.graph.DecodeGraph). Alone it measured even with an increment and an embedding kernel
-(decode-profile-gpt2-b1-h100-step-tail-*.json); chains of 8 steps replay at 250.4 us a gpt2
-token against 259.8 us for single-step graphs (decode-profile-gpt2-b1-h100.json).
+(decode-profile-gpt2-b1-h100-step-tail-*.json); chains of 8 steps replay at 247.8 us a gpt2
+token against 256.6 us for single-step graphs (decode-profile-gpt2-b1-h100.json).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def argmax_kernel(X, PV, PI, C, OUT, POS, CNT, T, P, Y, TILE: ConstInt, CHUNKS: 
     j = ct.argmax(x, axis=1, keepdims=True, propagate_nan=True)
     ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True, propagate_nan=True), allow_tma=False)
     ct.store(PI, index=(r, c), tile=j + c * TILE, allow_tma=False)
-    if last_in_group(C, r):
+    if last_in_group(C, r, ct.num_blocks(0)):
         v = ct.load(PV, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.NEG_INF, allow_tma=False)
         i = ct.load(PI, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
         best = ct.argmax(v, axis=1, keepdims=True, propagate_nan=True)

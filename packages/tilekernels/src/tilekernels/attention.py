@@ -25,7 +25,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import (array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch,
-                      next_pow2, reset_count, sm_count)
+                      next_pow2, release_dependents, reset_count, sm_count, wait_for_inputs)
 from .activations import fast_div
 from .precision import precise, tf32_mma
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
@@ -144,17 +144,19 @@ def kv_rows(K, V, b, kvh, j, D, TILE_N):
     return ct.reshape(k, (TILE_N, D)), ct.reshape(v, (TILE_N, D))
 
 
-def merge_chunks(PO, PM, PL, O, b, h, D: int, S_TILE: int):
-    """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the chunks of one query
-    head (plain loads: they follow the acquiring atomic of the caller)."""
+def merge_chunks(PO, PM, PL, O, b, h, live, D: int, S_TILE: int):
+    """O[b, h] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the first `live` chunks
+    of one query head (the others hold what earlier launches left; plain loads: they follow
+    the acquiring atomic of the caller)."""
     m = ct.load(PM, index=(b, h, 0), shape=(1, 1, S_TILE), padding_mode=ct.PaddingMode.NEG_INF, allow_tma=False)
     l = ct.load(PL, index=(b, h, 0), shape=(1, 1, S_TILE), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
     o = ct.load(PO, index=(b, h, 0, 0), shape=(1, 1, S_TILE, D), padding_mode=ct.PaddingMode.ZERO,
                 allow_tma=False)
-    m = ct.reshape(m, (S_TILE, 1))
-    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # padding-only chunks weigh 0
-    total = ct.sum(w * ct.reshape(l, (S_TILE, 1)), axis=0, keepdims=True)
-    out = ct.sum(w * ct.reshape(o, (S_TILE, D)), axis=0, keepdims=True) * fast_div(1.0, total)
+    ok = ct.arange(S_TILE, dtype=ct.int32)[:, None] < live
+    m = ct.where(ok, ct.reshape(m, (S_TILE, 1)), NEG_INF)
+    w = ct.exp2(m - ct.max(m, axis=0, keepdims=True))      # chunks past `live` weigh 0
+    total = ct.sum(w * ct.where(ok, ct.reshape(l, (S_TILE, 1)), 0.0), axis=0, keepdims=True)
+    out = ct.sum(w * ct.where(ok, ct.reshape(o, (S_TILE, D)), 0.0), axis=0, keepdims=True) * fast_div(1.0, total)
     ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(out, (1, 1, 1, D)), allow_tma=False)
 
 
@@ -168,17 +170,21 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     current one is folded in.
 
     Q, O (B, Hq, 1, D); partial outputs PO (B, Hq, S, D) are unnormalised, with their max PM
-    and sum PL (B, Hq, S), in log2 units. KL[0] is the number of cached keys, read on the
-    device so that one captured CUDA graph serves every decode step; chunks past it come out
-    empty (max -inf, sum 0). The last block of a head to finish (counted in C[bid(1)], an
-    acquire-release atomic after its partial stores) merges the head's S <= S_TILE chunks
-    into O and sets its counter back to zero: no merge kernel, no kernel boundary. FINAL (a
-    single chunk holds every key): the normalised output goes straight to O.
+    and sum PL (B, Hq, S), in log2 units. KL[0] is the number of cached keys (with the new
+    one when not NEW), read on the device so that one captured CUDA graph serves every
+    decode step. The grid covers the whole cache, but only the chunks holding keys up to
+    KL[0] ("live") do anything: the others exit at once, so a step costs what its keys do,
+    not what the cache could hold. One live chunk normalises into O itself; otherwise the
+    last live block of a head to finish (counted in C[bid(1)], an acquire-release atomic
+    after its partial stores) merges the head's chunks into O and sets its counter back to
+    zero: no merge kernel, no kernel boundary. FINAL (a single chunk covers the cache)
+    compiles the merge out.
     NEW: KN, VN (B, Hkv, 1, D) are views of the new token's fused projection (Q too); the
-    last chunk folds its key in, and that of the KV head's first query head stores k, v at
-    slot KL[0]. Every cached key was then written by an earlier step (whose kernels have all
-    finished: see _arrays.full_wait_next), so the chunk's first key tile loads before the
-    dependency wait; KL, which the kernel just before may have advanced, is read after it.
+    last live chunk folds its key in, and that of the KV head's first query head stores k, v
+    at slot KL[0]. Every cached key and KL were then written by an earlier step (whose
+    kernels have all finished: see _arrays.full_wait_next), so KL and the chunk's first key
+    tile load before the dependency wait. Without NEW the keys may come from the kernel just
+    before (split_qkv), so everything loads after it.
     ROPE (with NEW): q and the new key rotate first, cos and sin gathered from the tables
     COS, SIN (1, P, half) at the token's position KL[0] - KS[b].
     """
@@ -186,54 +192,60 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
     b = ct.bid(1) // Q.shape[1]
     h = ct.bid(1) % Q.shape[1]
     kvh = h // group
-    kstart = ct.load(KS, index=(b,), shape=())
     j0 = split * tiles_per_split       # < the cache's tiles: splits cover K.shape[2]
     if NEW:
-        k, v = kv_rows(K, V, b, kvh, j0, D, TILE_N)
-        inputs_ready()
+        release_dependents()        # first: the cache length loads before anything else
     else:
         inputs_ready()
+    tk = ct.load(KL, index=(0,), shape=())
+    last_key = tk if NEW else max(tk - 1, 0)     # NEW: the new key's slot
+    live = min(last_key // TILE_N // tiles_per_split + 1, ct.num_blocks(0))
+    if split < live:
+        kstart = ct.load(KS, index=(b,), shape=())
         k, v = kv_rows(K, V, b, kvh, j0, D, TILE_N)
-    tk = ct.load(KL, index=(0,), shape=())      # after the wait: the kernel before may have just advanced it
-    j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))     # j1 <= j0: an empty chunk, its one tile masked out
-    c = ct.arange(D, dtype=ct.int32)[None, :]
-    q = ct.reshape(ct.load(Q, index=(b, h, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-    kn, vn = q, q
-    if NEW:     # requested with q, so the last chunk's wait for them overlaps q's (every chunk loads them)
-        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-    position = max(tk - kstart, 0)
-    if ROPE:
-        q = rotate_half(Q, q, b, h, 0, c, COS, SIN, 0, position, half)
-    m = ct.full((1, 1), NEG_INF, dtype=ct.float32)
-    l = ct.full((1, 1), 0.0, dtype=ct.float32)
-    acc = ct.full((1, D), 0.0, dtype=ct.float32)
-    for j in range(j0 + 1, j1):
-        k2, v2 = kv_rows(K, V, b, kvh, j, D, TILE_N)
-        m, l, acc = decode_tile(q, k, v, j - 1, m, l, acc, tk, kstart, scale_log2, TILE_N)
-        k, v = k2, v2
-    m, l, acc = decode_tile(q, k, v, max(j1 - 1, j0), m, l, acc, tk, kstart, scale_log2, TILE_N)
-    if NEW:
-        if split == ct.num_blocks(0) - 1:
-            if ROPE:
-                kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
-            s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
-            m_new = ct.maximum(m, s)
-            alpha = ct.exp2(m - m_new)
-            p = ct.exp2(s - m_new)
-            m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
-            if h % group == 0:      # one store per KV head; the other heads mask slot tk out
-                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)), allow_tma=False)
-                ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)), allow_tma=False)
-    if FINAL:
-        ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
-    else:
-        ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
-        ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)), allow_tma=False)
-        ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)), allow_tma=False)
-        if last_in_group(C, ct.bid(1)):
-            merge_chunks(PO, PM, PL, O, b, h, D, S_TILE)
-            reset_count(C, ct.bid(1))
+        if NEW:
+            wait_for_inputs()
+        j1 = min(j0 + tiles_per_split, ct.cdiv(tk, TILE_N))     # j1 <= j0: an empty chunk, its one tile masked out
+        c = ct.arange(D, dtype=ct.int32)[None, :]
+        q = ct.reshape(ct.load(Q, index=(b, h, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+        kn, vn = q, q
+        if NEW:     # requested with q, so the last chunk's wait for them overlaps q's (every chunk loads them)
+            kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+            vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+        position = max(tk - kstart, 0)
+        if ROPE:
+            q = rotate_half(Q, q, b, h, 0, c, COS, SIN, 0, position, half)
+        m = ct.full((1, 1), NEG_INF, dtype=ct.float32)
+        l = ct.full((1, 1), 0.0, dtype=ct.float32)
+        acc = ct.full((1, D), 0.0, dtype=ct.float32)
+        for j in range(j0 + 1, j1):
+            k2, v2 = kv_rows(K, V, b, kvh, j, D, TILE_N)
+            m, l, acc = decode_tile(q, k, v, j - 1, m, l, acc, tk, kstart, scale_log2, TILE_N)
+            k, v = k2, v2
+        m, l, acc = decode_tile(q, k, v, max(j1 - 1, j0), m, l, acc, tk, kstart, scale_log2, TILE_N)
+        if NEW:
+            if split == live - 1:
+                if ROPE:
+                    kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
+                s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
+                m_new = ct.maximum(m, s)
+                alpha = ct.exp2(m - m_new)
+                p = ct.exp2(s - m_new)
+                m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
+                if h % group == 0:      # one store per KV head; the other heads mask slot tk out
+                    ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)), allow_tma=False)
+                    ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)), allow_tma=False)
+        if FINAL:
+            ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
+        elif live == 1:
+            ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
+        else:
+            ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
+            ct.store(PM, index=(b, h, split), tile=ct.reshape(m, (1, 1, 1)), allow_tma=False)
+            ct.store(PL, index=(b, h, split), tile=ct.reshape(l, (1, 1, 1)), allow_tma=False)
+            if last_in_group(C, ct.bid(1), live):
+                merge_chunks(PO, PM, PL, O, b, h, live, D, S_TILE)
+                reset_count(C, ct.bid(1))
 
 
 flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
@@ -257,7 +269,8 @@ def decode_tile_keys(d: int) -> int:
 
 def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tuple[int, int]:
     """(key tiles per split, number of splits) so that units * splits fills the GPU twice and
-    no chunk runs more than MAX_CHUNK_TILES tiles.
+    no chunk runs more than MAX_CHUNK_TILES tiles. tk is the cache's capacity: at run time
+    only the chunks holding keys do anything (decode_split_kernel).
 
     tools/sweep_decode_attention.py: a block's key tiles run one after another, latency
     bound (~1.2 us a tile), so many short chunks and a merge beat long chunks; a cache of
