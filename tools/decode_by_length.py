@@ -36,13 +36,15 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--out")
     args = ap.parse_args()
+    prompt, steps, replays = 32, 256, 20
+    if min(args.capacities) <= prompt:
+        ap.error(f"--capacities: each must exceed the {prompt}-token prompt, got {min(args.capacities)}")
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
         model = GPT.load(Path(tmp), "gpu")
-    prompt, steps, replays = 32, 256, 20
     rows = []
     with cupy.cuda.Stream(non_blocking=True) as stream:
         for cap in args.capacities:
