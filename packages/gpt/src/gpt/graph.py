@@ -27,6 +27,12 @@ from .kvcache import KVCache
 CHAIN = 8       # greedy steps a replay (tools/profile_decode.py: steps_per_graph_us_per_token)
 
 
+def step_input(ids, positions, table, pos_table):
+    """What a decode step starts from: the embeddings (B, 1, C) of tokens ids (B, 1), with those
+    of their positions (B, 1) added where the model has a position table (pos_table, else None)."""
+    return tk.embedding(ids, table, None if pos_table is None else positions, pos_table)
+
+
 @dataclass
 class Replay:
     """A captured graph of n decode steps, the logits of its last step (kept: the graph writes
@@ -70,6 +76,21 @@ class DecodeGraph:
         # consecutive replays copy their tokens into different host arrays
         self.single = [self._capture(step, p, 1) for p in (0, 1)]
         self.chains = [self._capture(step, 0, CHAIN) for _ in range(2)]
+        self._warm()
+
+    def _warm(self) -> None:
+        """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
+        it replay slower however often they run themselves: gpt2's chains 258 against 245 us a
+        token on an H100 (bench_gpt 3,846 -> 4,054 tok/s). One replay of it ends that for good;
+        a replay of another graph or eager steps do not; without graph.upload the chains are
+        fast from the start, but each graph's first replay pays its upload (decode-state-gpt2-
+        b1-h100.json, tools/decode_state.py; why, inside the driver, is not known). The replay
+        writes one step's keys at the cache's next slot, which the next real step overwrites,
+        and advances positions and span, which every call seeds again."""
+        import cupy
+
+        self.single[0].graph.launch(cupy.cuda.get_current_stream())
+        cupy.cuda.get_current_stream().synchronize()
 
     def _step(self, step: Callable, p: int, tokens):
         """One step from x[p]: its logits; the argmax into tokens (B,) and, embedded, into x[1 - p].
@@ -109,8 +130,7 @@ class DecodeGraph:
         self.cache.begin(1)
         ids = cupy.asarray(np.asarray(ids, np.int64).reshape(-1, 1))
         self.positions.set(np.asarray(positions, np.int64).reshape(-1))
-        at = None if self.pos_table is None else self.positions[:, None]
-        self.x[0][...] = tk.embedding(ids, self.table, at, self.pos_table)
+        self.x[0][...] = step_input(ids, self.positions[:, None], self.table, self.pos_table)
 
     def _launch(self, replay: Replay):
         """Queue a replay on the current stream; the event its tokens are ready at."""
@@ -214,8 +234,8 @@ class PlainDecoder:
 
     def __call__(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         self.cache.begin(1)
-        at = None if self.pos_table is None else np.asarray(positions).reshape(-1, 1)
-        logits = self.step(tk.embedding(np.asarray(ids).reshape(-1, 1), self.table, at, self.pos_table))
+        ids, positions = (np.asarray(a).reshape(-1, 1) for a in (ids, positions))
+        logits = self.step(step_input(ids, positions, self.table, self.pos_table))
         self.cache.length += 1
         return logits
 

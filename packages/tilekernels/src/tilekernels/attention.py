@@ -235,9 +235,7 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
                 if h % group == 0:      # one store per KV head; the other heads mask slot tk out
                     ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(kn, (1, 1, 1, D)), allow_tma=False)
                     ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(vn, (1, 1, 1, D)), allow_tma=False)
-        if FINAL:
-            ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
-        elif live == 1:
+        if FINAL or live == 1:
             ct.store(O, index=(b, h, 0, 0), tile=ct.reshape(acc / l, (1, 1, 1, D)), allow_tma=False)
         else:
             ct.store(PO, index=(b, h, split, 0), tile=ct.reshape(acc, (1, 1, 1, D)), allow_tma=False)
