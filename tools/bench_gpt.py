@@ -19,8 +19,7 @@ import cupy
 import numpy as np
 import torch
 
-from benchlib import gpu_name, markdown_table, time_ms, versions, write_result
-from gpt.graph import DecodeGraph
+from benchlib import gpu_name, markdown_table, prompted_decoder, time_ms, versions, write_result
 from gpt.model import GPT
 
 torch.backends.cuda.matmul.allow_tf32 = True
@@ -29,11 +28,8 @@ CONFIGS = {"gpt2": dict(n_embd=768, n_layer=12, n_head=12), "gpt2-medium": dict(
 
 def ours_decode(model: GPT, batch: int, prompt: int, steps: int) -> float:
     """Tokens/s of the greedy decode chain as gpt.generate runs it."""
-    ids = np.random.default_rng(0).integers(0, 50257, (batch, prompt))
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        cache = model.new_cache(batch, prompt + steps + 1)
-        logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
-        decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache)
+        decode, _, _, logits = prompted_decoder(model, batch, prompt, prompt + steps + 1)
         first = logits.get().argmax(-1)
         stream.synchronize()
         t = time.perf_counter()

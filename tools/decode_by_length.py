@@ -12,17 +12,13 @@ or what the cache could hold (the decode attention's grid covers the whole capac
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
 
 import cupy
 import numpy as np
 import torch
 
-from benchlib import gpu_name, versions, write_result
-from gpt.graph import DecodeGraph
-from gpt.model import GPT
+from benchlib import gpu_name, prompted_decoder, random_gpt2, versions, write_result
 
 
 def ints(value: str) -> list[int]:
@@ -39,19 +35,12 @@ def main():
     prompt, steps, replays = 32, 256, 20
     if min(args.capacities) <= prompt:
         ap.error(f"--capacities: each must exceed the {prompt}-token prompt, got {min(args.capacities)}")
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
-        model = GPT.load(Path(tmp), "gpu")
+    model = random_gpt2()
     rows = []
     with cupy.cuda.Stream(non_blocking=True) as stream:
         for cap in args.capacities:
-            cache = model.new_cache(1, cap)
-            ids = np.random.default_rng(0).integers(0, 50257, (1, prompt))
-            model.forward(cupy.asarray(ids), cupy.arange(prompt)[None], cache)
-            decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache)
+            decode, cache, ids, _ = prompted_decoder(model, 1, prompt, cap)
             greedy = []
             for _ in range(3):
                 cache.length = prompt

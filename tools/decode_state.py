@@ -18,9 +18,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 SEQUENCES = ["c,c,a16,c,c", "c,b16,c,a16,c", "c,e,c", "g,g,w,g,g", "w,c,g"]
 
@@ -30,23 +28,17 @@ def run_sequence(seq: list[str]) -> list[list]:
     import cupy
     import numpy as np
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
 
+    from benchlib import prompted_decoder, random_gpt2
     from gpt.graph import CHAIN, DecodeGraph
-    from gpt.model import GPT
 
     prompt, steps = 32, 256
     torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
-        model = GPT.load(Path(tmp), "gpu")
+    model = random_gpt2()
     warm, DecodeGraph._warm = DecodeGraph._warm, lambda self: None
     out = []
     with cupy.cuda.Stream(non_blocking=True) as stream:
-        cache = model.new_cache(1, prompt + steps + 1)
-        ids = np.random.default_rng(0).integers(0, 50257, (1, prompt))
-        model.forward(cupy.asarray(ids), cupy.arange(prompt)[None], cache)
-        dg = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache)
+        dg, cache, ids, _ = prompted_decoder(model, 1, prompt, prompt + steps + 1)
         for op in seq:
             cache.length = prompt
             dg._seed(ids[:, -1], np.array([prompt]))

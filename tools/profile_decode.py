@@ -16,10 +16,8 @@ attention route (PLANS), each in a graph of its own.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from importlib import import_module
-from pathlib import Path
 
 import cupy
 import numpy as np
@@ -28,11 +26,10 @@ from torch.profiler import ProfilerActivity, profile
 import tilekernels as tk
 import tilekernels._arrays as tk_arrays
 from tilekernels._arrays import next_pow2
-from benchlib import gpu_name, versions, write_result
+from benchlib import gpu_name, random_gpt2, versions, write_result
 import gpt.graph as gpt_graph
 from gpt.graph import DecodeGraph
 from gpt.kvcache import KVCache
-from gpt.model import GPT
 
 lin = import_module("tilekernels.linear")     # the module (tilekernels.linear is the op)
 attn = import_module("tilekernels.attention")
@@ -40,11 +37,7 @@ attn = import_module("tilekernels.attention")
 
 def gpt2(batch: int, context: int):
     """(embedding tables, step(x), cache) of gpt2 with `context` tokens already in the cache."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    with tempfile.TemporaryDirectory() as tmp:
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
-        model = GPT.load(Path(tmp), "gpu")
+    model = random_gpt2()
     cache = model.new_cache(batch, context + 300)
     model.forward(cupy.ones((batch, context), cupy.int64), cupy.arange(context)[None].repeat(batch, 0), cache)
     return model.embedding_tables, (lambda x: model.step(x, cache)), cache

@@ -81,7 +81,7 @@ class DecodeGraph:
     def _warm(self) -> None:
         """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
         it replay slower however often they run themselves: gpt2's chains 258 against 245 us a
-        token on an H100 (bench_gpt 3,846 -> 4,054 tok/s). One replay of it ends that for good;
+        token on an H100 (bench_gpt 3,846 -> 4,083 tok/s, gpt-h100.json). One replay of it ends that for good;
         a replay of another graph or eager steps do not; without graph.upload the chains are
         fast from the start, but each graph's first replay pays its upload (decode-state-gpt2-
         b1-h100.json, tools/decode_state.py; why, inside the driver, is not known). The replay
@@ -89,8 +89,9 @@ class DecodeGraph:
         and advances positions and span, which every call seeds again."""
         import cupy
 
-        self.single[0].graph.launch(cupy.cuda.get_current_stream())
-        cupy.cuda.get_current_stream().synchronize()
+        stream = cupy.cuda.get_current_stream()
+        self.single[0].graph.launch(stream)
+        stream.synchronize()
 
     def _step(self, step: Callable, p: int, tokens):
         """One step from x[p]: its logits; the argmax into tokens (B,) and, embedded, into x[1 - p].
