@@ -52,9 +52,10 @@ def random_gpt2():
         return GPT.load(Path(tmp), "gpu")
 
 
-def prompted_decoder(model, batch: int, prompt: int, capacity: int):
+def prompted_decoder(model, batch: int, prompt: int, capacity: int, sampler=None):
     """(DecodeGraph, its cache, the prompt ids (batch, prompt), the prompt's logits): a cache of
-    `capacity` positions holding a random prompt (seed 0), as the decode timings start from.
+    `capacity` positions holding a random prompt (seed 0), as the decode timings start from,
+    its tokens picked by sampler (greedy by default; started on the prompt here).
     Call it under the non-default stream the decoder will run on."""
     import cupy
     import numpy as np
@@ -64,7 +65,9 @@ def prompted_decoder(model, batch: int, prompt: int, capacity: int):
     ids = np.random.default_rng(0).integers(0, 50257, (batch, prompt))
     cache = model.new_cache(batch, capacity)
     logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
-    return DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache), cache, ids, logits
+    decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache, sampler)
+    decode.sampler.start(ids.tolist())
+    return decode, cache, ids, logits
 
 
 def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:

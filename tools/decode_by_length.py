@@ -46,7 +46,7 @@ def main():
                 cache.length = prompt
                 stream.synchronize()
                 t = time.perf_counter()
-                n = sum(1 for _ in decode.greedy(ids[:, -1], np.array([prompt]), min(steps, cap - prompt)))
+                n = sum(1 for _ in decode.tokens(ids[:, -1], np.array([prompt]), min(steps, cap - prompt)))
                 stream.synchronize()
                 greedy.append(round((time.perf_counter() - t) / n * 1e6, 1))
             one, by_length = decode.single[0].graph, {}

@@ -6,7 +6,7 @@ Each sequence runs in a fresh process (a DecodeGraph's state is what is measured
 DecodeGraph built without its warm replay (DecodeGraph._warm skipped), then times its ops
 in order, each from the same 32-token prompt over a cache of 289 positions (bench_gpt's):
   c    chain replays back to back over 256 steps (us a token)
-  g    DecodeGraph.greedy over 256 steps
+  g    DecodeGraph.tokens (greedy) over 256 steps
   a16  16 replays of single[0], the graph captured first;  b16  of single[1]
   e    5 eager steps;  w  the warm replay the library does (DecodeGraph._warm)
 Found: chains run ~13 us a token slower until single[0] has run once, whatever else runs.
@@ -49,7 +49,7 @@ def run_sequence(seq: list[str]) -> list[list]:
                     dg.chains[c % 2].graph.launch(stream)
                 n = steps
             elif op == "g":
-                n = sum(1 for _ in dg.greedy(ids[:, -1], np.array([prompt]), steps))
+                n = sum(1 for _ in dg.tokens(ids[:, -1], np.array([prompt]), steps))
             elif op[0] in "ab":
                 n = int(op[1:])
                 for _ in range(n):

@@ -225,7 +225,7 @@ def time_graph(embed, step, cache, ids, pos, t: int, stream) -> tuple[float, flo
     replay = (time.perf_counter() - start) * 1e4
     cache.length = t
     start = time.perf_counter()
-    n = sum(1 for _ in graph.greedy(ids[:, 0], pos[:, 0], 200))
+    n = sum(1 for _ in graph.tokens(ids[:, 0], pos[:, 0], 200))
     stream.synchronize()
     return replay, (time.perf_counter() - start) / n * 1e6
 

@@ -1,4 +1,4 @@
-"""Sampling filters on hand-made logits, the generation loop, streaming text, the CLI."""
+"""The sampler on hand-made logits, the generation loop, streaming text, the CLI."""
 import os
 import subprocess
 import sys
@@ -9,38 +9,26 @@ from checkpoints import make_gpt2
 
 from gpt.generation import generate
 from gpt.model import GPT
-from gpt.sampling import (Sampling, apply_repetition_penalty, filter_top_k, filter_top_p, next_tokens)
+from gpt.sampling import Sampler, Sampling
 from gpt.tokenizer import TextStream, load_tokenizer
 
 
-def test_top_k_keeps_k_largest():
-    x = np.array([[1.0, 5.0, 3.0, 4.0, 2.0]])
-    assert np.isfinite(filter_top_k(x, 2)).tolist() == [[False, True, False, True, False]]
-    np.testing.assert_array_equal(filter_top_k(x, 0), x)
+def test_sampler_greedy_seeded_and_penalised():
+    """The Sampler picks with tk.sample: greedy without uniforms; a seed repeats its draws and
+    draws at the softmax's rates; seen tokens are penalised and the chosen ones marked."""
+    logits = np.log(np.array([[0.1, 0.6, 0.3], [0.7, 0.2, 0.1]], np.float32))
+    assert Sampler(Sampling(temperature=0), np, 2, 3)(logits).tolist() == [1, 0]
 
+    def draws(seed, n=1):
+        s = Sampler(Sampling(), np, 2, 3, seed)
+        return [s(logits, u).tolist() for u in s.uniforms(n)]
 
-def test_top_p_keeps_smallest_nucleus():
-    p = np.array([[0.5, 0.3, 0.15, 0.05]])
-    kept = np.isfinite(filter_top_p(np.log(p), 0.75))
-    assert kept.tolist() == [[True, True, False, False]]
-    assert np.isfinite(filter_top_p(np.log(p), 0.01)).sum() == 1      # always at least one
-
-
-def test_repetition_penalty_divides_positive_multiplies_negative():
-    x = np.array([[2.0, -2.0, 1.0]])
-    out = apply_repetition_penalty(x, [np.array([0, 1, 1])], 2.0)
-    assert out.tolist() == [[1.0, -4.0, 1.0]]
-
-
-def test_greedy_and_seeded_sampling():
-    logits = np.log(np.array([[0.1, 0.6, 0.3], [0.7, 0.2, 0.1]]))
-    seen = [np.array([], int)] * 2
-    assert next_tokens(logits, seen, Sampling(temperature=0), None).tolist() == [1, 0]
-    draws = [next_tokens(logits, seen, Sampling(), np.random.default_rng(7)).tolist() for _ in range(2)]
-    assert draws[0] == draws[1]
-    counts = np.bincount([next_tokens(logits[:1], seen, Sampling(), r)[0]
-                          for r in [np.random.default_rng(i) for i in range(2000)]], minlength=3)
-    assert abs(counts[1] / 2000 - 0.6) < 0.05
+    assert draws(7, 5) == draws(7, 5) and draws(7, 50) != draws(8, 50)
+    first = np.array(draws(0, 4000))[:, 0]
+    assert abs(np.mean(first == 1) - 0.6) < 0.03
+    s = Sampler(Sampling(temperature=0, repetition_penalty=4.0), np, 2, 3)
+    s.start([[1], [2, 0]])
+    assert s(logits).tolist() == [2, 0] and s.seen.tolist() == [[0, 1, 1], [1, 0, 1]]
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-1)])

@@ -16,9 +16,10 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, embedding, linear, norm, qkv, rope, softmax = (
+act, argmax, attention, embedding, linear, norm, qkv, rope, sampling, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "embedding", "linear", "norm", "qkv", "rope", "softmax"))
+    for m in ("activations", "argmax", "attention", "embedding", "linear", "norm", "qkv", "rope", "sampling",
+              "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -102,9 +103,27 @@ def specializations():
         tile = argmax.chunk_tile(v)
         for tail in (False, True):
             out.append((f"argmax-{v}-tail{tail}", argmax.argmax_kernel,
-                        [arr(2), arr(2), iarr(2), iarr(1), i64, i64, iarr(1), arr(2, dtype=wt), arr(2, dtype=wt),
-                         arr(2), tile, next_pow2(-(-v // tile)), 2, min(next_pow2(c), argmax.EMBED_TILE), tail,
-                         tail, tail, tail and pos]))
+                        [arr(2), arr(2), iarr(2), iarr(1), i64, i64, iarr(1) if tail else i64, arr(2, dtype=wt),
+                         arr(2, dtype=wt), arr(2), 2 if tail else 1, min(next_pow2(c), argmax.EMBED_TILE), tail,
+                         tail, tail, tail and pos, tile, next_pow2(-(-v // tile))]))
+    # sampling over GPT-2's vocabulary: with and without the penalty (prepare), count and mass passes (search),
+    # the draw alone and with a decode graph's step tail
+    tile = argmax.chunk_tile(50257)
+    span = (tile, next_pow2(-(-50257 // tile)))
+    u8 = arr(2, dtype=ct.uint8)
+    for penalty, greedy in ((False, False), (True, False), (True, True)):
+        out.append((f"sample-prepare-p{penalty}-g{greedy}", sampling.prepare_kernel,
+                    [arr(2), u8 if penalty else arr(2), arr(2), arr(2), iarr(2), iarr(1), arr(1), iarr(1), iarr(1),
+                     F32, *span, penalty, greedy]))
+    for mass, first in ((False, False), (True, True), (True, False)):
+        out.append((f"sample-search-m{mass}-f{first}", sampling.search_kernel,
+                    [arr(2), arr(1), iarr(1), iarr(1), arr(1), arr(3), iarr(1), I32, F32, F32, *span,
+                     sampling.WAYS, sampling.SUB, mass, first]))
+    for tail, mark in ((False, False), (True, True)):
+        out.append((f"sample-draw-tail{tail}-mark{mark}", sampling.draw_kernel,
+                    [arr(2), arr(1), iarr(1), arr(1), arr(2), iarr(1), u8 if mark else arr(2), i64, i64,
+                     iarr(1) if tail else i64, arr(2), arr(2), arr(2), 2 if tail else 1, 1024, tail, tail, tail, tail,
+                     F32, *span, False, mark]))
     for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,

@@ -435,3 +435,91 @@ def test_argmax_step_tail(poisoned, rng, rows, n, c, counters, bf16):
         assert np.array_equal(out.get(), ids)
         assert np.array_equal(dev[1].get(), pos + 1) and np.array_equal(dev[2].get(), cnt + 1)
         assert np.array_equal(got.get(), want)
+
+
+SAMPLERS = [dict(temperature=0, penalty=1.3), dict(temperature=1.0), dict(temperature=0.8, top_k=200),
+            dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=50, top_p=0.8, penalty=1.2),
+            dict(temperature=1.0, top_k=1), dict(temperature=2.0, top_p=0.05), dict(temperature=1.5, top_k=7)]
+
+
+def sampled_logits(rng, rows, n):
+    """Spread logits with ties (every fifth value rounded) and, past 7 values, -inf ones."""
+    x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    x[:, ::5] = np.round(x[:, ::5])
+    if n > 7:
+        x[0, :3] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("cfg", SAMPLERS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+@pytest.mark.parametrize("rows,n", [(1, 1), (7, 7), (3, 769), (2, 1281), (4, 50257), (1, 59264)])
+def test_sample(poisoned, rng, rows, n, cfg):
+    """The token the numpy reference draws with the same uniform, for every filter combination,
+    sizes across chunk boundaries, ties and -inf logits; the chosen tokens marked in seen. A
+    different token is allowed only where u sits within float32 rounding of a CDF step."""
+    import cupy
+
+    from tilekernels.sampling import kept, penalized, sample_reference
+
+    x = sampled_logits(rng, rows, n)
+    u = rng.random(rows, dtype=np.float32)
+    seen = (rng.random((rows, n)) < 0.1).astype(np.uint8) if "penalty" in cfg else None
+    args = dict(temperature=cfg["temperature"], top_k=cfg.get("top_k", 0), top_p=cfg.get("top_p", 1.0),
+                penalty=cfg.get("penalty", 1.0))
+    want_seen = None if seen is None else seen.copy()
+    want = sample_reference(x, u.astype(np.float64), **args, seen=want_seen)
+    dseen = None if seen is None else cupy.asarray(seen)
+    got = tk.sample(cupy.asarray(x), cupy.asarray(u), **cfg, seen=dseen).get()
+    xp_ = penalized(x, seen, args["penalty"])
+    for r in range(rows):
+        if got[r] == want[r]:
+            continue
+        assert cfg["temperature"] > 0, (r, got[r], want[r])
+        keep = kept(xp_[r:r + 1], args["temperature"], args["top_k"], args["top_p"])[0]
+        w = np.where(keep, np.exp((xp_[r].astype(np.float64) - xp_[r].max()) / args["temperature"]), 0)
+        cdf = np.cumsum(w) / w.sum()
+        g = got[r]
+        assert keep[g] and cdf[g] - w[g] / w.sum() - 1e-5 <= u[r] <= cdf[g] + 1e-5, (r, g, want[r], u[r])
+    if seen is not None:
+        assert np.array_equal(dseen.get(), np.maximum(seen, np.eye(n, dtype=np.uint8)[got]))
+    from tilekernels._arrays import last_block_counters
+
+    assert not last_block_counters(rows).any()
+
+
+def test_sample_distribution(rng):
+    """Fresh uniforms over many rows: top-k 3 of 5 tokens drawn at the filtered softmax's rates."""
+    import cupy
+
+    rows = 4096
+    x = np.tile(np.array([[0.0, 1.0, 2.0, -1.0, 0.5]], np.float32), (rows, 1))
+    got = tk.sample(cupy.asarray(x), cupy.asarray(rng.random(rows, dtype=np.float32)), top_k=3).get()
+    p = np.exp(x[0]) * [0, 1, 1, 0, 1]
+    p /= p.sum()
+    counts = np.bincount(got, minlength=5)
+    assert counts[[0, 3]].sum() == 0
+    assert np.abs(counts / rows - p).max() < 4 * np.sqrt(0.25 / rows)
+
+
+@pytest.mark.parametrize("rows,n,c", [(1, 50257, 768), (3, 769, 7)])
+def test_sample_step_tail(poisoned, rng, rows, n, c):
+    """Positions, counters and the next input's embedding, as the numpy op leaves them."""
+    import cupy
+
+    x = sampled_logits(rng, rows, n)
+    u = rng.random(rows, dtype=np.float32)
+    table, pos_table = rng.standard_normal((n, c)).astype(np.float32), rng.standard_normal((40, c)).astype(np.float32)
+    pos, cnt = rng.integers(0, 30, rows).astype(np.int64), rng.integers(-5, 5, 2).astype(np.int32)
+    seen = np.zeros((rows, n), np.uint8)
+    want = np.full((rows, c), np.nan, np.float32)
+    cfg = dict(temperature=0.9, top_k=40, top_p=0.95, penalty=1.1)
+    ids = tk.sample(x, u, **cfg, seen=seen.copy(), positions=pos.copy(), counters=cnt.copy(),
+                    embed=(table, pos_table, want))
+    dev = [cupy.asarray(a) for a in (x, u, pos, cnt, table, pos_table, seen)]
+    got = cupy.empty((rows, c), cupy.float32)
+    out = cupy.empty(rows, cupy.int64)
+    assert tk.sample(dev[0], dev[1], **cfg, seen=dev[6], out=out, positions=dev[2], counters=dev[3],
+                     embed=(dev[4], dev[5], got)) is out
+    assert np.array_equal(out.get(), ids)
+    assert np.array_equal(dev[2].get(), pos + 1) and np.array_equal(dev[3].get(), cnt + 1)
+    assert np.array_equal(got.get(), want) and dev[6].get()[np.arange(rows), ids].all()

@@ -6,6 +6,7 @@ import pytest
 from numerics import rel_err
 
 import tilekernels as tk
+from tilekernels.sampling import kept, penalized
 
 SIZES = [1, 7, 769, 1281]
 
@@ -88,6 +89,54 @@ def test_linear(rng, m, k, n, act):
             ref = ref / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (ref + 0.044715 * ref ** 3)))
     assert rel_err(tk.linear(x, w, b, activation=act), ref) <= 1e-5
     assert tk.linear(x.reshape(1, m, k), w).shape == (1, m, n)
+
+
+def test_sample_top_k_keeps_ties_and_top_p_the_smallest_nucleus():
+    x = np.array([[1.0, 3.0, 3.0, 2.0, 0.0]], np.float32)
+    assert kept(x, 1.0, 2, 1.0).tolist() == [[False, True, True, False, False]]
+    assert kept(x, 1.0, 1, 1.0).sum() == 2                  # the k-th largest is tied: both stay
+    assert kept(x, 1.0, 0, 1.0).all() and kept(x, 1.0, 5, 1.0).all()
+    p = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    assert kept(p, 1.0, 0, 0.75).tolist() == [[True, True, False, False]]
+    assert kept(p, 1.0, 0, 0.8).tolist() == [[True, True, False, False]]     # 0.5 + 0.3 reaches 0.8
+    assert kept(p, 1.0, 0, 0.01).sum() == 1                 # always the largest
+    assert kept(p, 1.0, 0, 0.84).tolist() == [[True, True, True, False]]
+    assert kept(p, 1.0, 3, 0.84).tolist() == [[True, True, False, False]]   # 0.8 >= 0.84 of the 0.95 top-k left
+    assert kept(p, 1.0, 0, 0.6).tolist() == [[True, True, False, False]]
+    assert kept(p, 0.5, 0, 0.6).tolist() == [[True, False, False, False]]   # colder: the first holds 0.68
+
+
+def test_sample_draws_the_inverse_cdf():
+    """Uniforms spread evenly over [0, 1) land on each kept token in proportion to its probability."""
+    x = np.log(np.array([0.1, 0.6, 0.05, 0.25], np.float32))[None]
+    u = ((np.arange(10000) + 0.5) / 10000).astype(np.float32)
+    for temperature, top_k, want in ((1.0, 0, [0.1, 0.6, 0.05, 0.25]), (1.0, 2, [0, 0.6 / 0.85, 0, 0.25 / 0.85]),
+                                     (0.5, 0, np.array([0.01, 0.36, 0.0025, 0.0625]) / 0.435)):
+        y = [int(tk.sample(x, u[i:i + 1], temperature=temperature, top_k=top_k)[0]) for i in range(len(u))]
+        assert np.abs(np.bincount(y, minlength=4) / len(u) - want).max() < 2e-4
+    assert tk.sample(x, np.zeros(1, np.float32)).tolist() == [0]                 # the first kept index
+    assert tk.sample(x, np.array([np.nextafter(np.float32(1), 0)])).tolist() == [3]
+    assert tk.sample(x, np.ones(1, np.float32), top_k=2).tolist() == [3]          # 1 itself: the last kept
+
+
+def test_sample_penalty_greedy_and_marks():
+    x = np.array([[2.0, -2.0, 1.5], [0.5, 3.0, -1.0]], np.float32)
+    seen = np.array([[1, 1, 0], [0, 1, 0]], np.uint8)
+    assert penalized(x, seen, 2.0).tolist() == [[1.0, -4.0, 1.5], [0.5, 1.5, -1.0]]
+    assert tk.sample(x, temperature=0, penalty=2.0, seen=seen).tolist() == [2, 1]
+    assert seen.tolist() == [[1, 1, 1], [0, 1, 0]]
+    assert tk.sample(x, temperature=0, penalty=8.0, seen=seen).tolist() == [0, 0]    # 3 / 8 < 0.5
+    assert tk.sample(x, temperature=0).tolist() == [0, 1]
+
+
+def test_sample_step_tail(rng):
+    x, table = f32(rng, 2, 50), f32(rng, 50, 7)
+    positions, counters = np.array([3, 8], np.int64), np.array([5], np.int32)
+    rows = np.full((2, 7), np.nan, np.float32)
+    ids = tk.sample(x, rng.random(2, dtype=np.float32), top_k=5, positions=positions, counters=counters,
+                    embed=(table, None, rows))
+    assert positions.tolist() == [4, 9] and counters.tolist() == [6] and np.array_equal(rows, table[ids])
+    assert all(x[r, ids[r]] >= np.sort(x[r])[-5] for r in range(2))
 
 
 @pytest.mark.parametrize("n", SIZES + [50257])

@@ -229,7 +229,7 @@ class GlmAsr:
         with device_stream(self.xp):
             logits = self.prefill(ids, audio_embeds, max_new_tokens)
             first = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
-            chain = self._decode.greedy(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
+            chain = self._decode.tokens(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
             for tok in itertools.islice(itertools.chain([first], (int(t[0]) for t in chain)), max_new_tokens):
                 if tok in eos:
                     break

@@ -8,7 +8,7 @@ import numpy as np
 
 from .graph import decoder, device_stream
 from .model import GPT
-from .sampling import Sampling, next_tokens
+from .sampling import Sampler, Sampling
 from .tokenizer import TextStream
 
 
@@ -52,13 +52,14 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
     batch = np.array([[eos] * s + i for s, i in zip(start, ids)], np.int64)
     pos = np.maximum(np.arange(longest)[None, :] - start[:, None], 0)
     lengths = np.array([len(i) for i in ids])
-    rng = np.random.default_rng(seed)
     streams = [TextStream(tokenizer) if tokenizer else None for _ in range(b)]
     with device_stream(xp):
         cache = model.new_cache(b, longest + max_new_tokens, kv_start=start)
         logits = model.forward(xp.asarray(batch), xp.asarray(pos), cache)
-        decode = decoder(xp, model.embedding_tables, lambda x: model.step(x, cache), cache)
-        _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text)
+        sampler = Sampler(sampling, xp, b, logits.shape[-1], seed)
+        decode = decoder(xp, model.embedding_tables, lambda x: model.step(x, cache), cache, sampler)
+        sampler.start(ids)
+        _loop(_tokens(decode, sampler, logits, lengths, max_new_tokens), outs, streams, stop, eos, on_text)
     for j, o in enumerate(outs):          # flush what a stop-string prefix held back
         if on_text and len(o.text) > o.emitted:
             on_text(j, o.text[o.emitted:])
@@ -66,26 +67,18 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
     return outs
 
 
-def _tokens(decode, logits, ids, outs, lengths, max_new_tokens, sampling, rng, eos):
-    """The chosen ids (B,) of every step. Greedy decoding stays on the device after the
-    first token (DecodeGraph.greedy); sampling reads each step's logits on the host."""
-    def pick(logits):
-        host = logits.get() if hasattr(logits, "get") else logits
-        return next_tokens(host, [np.array(i + o.tokens) for i, o in zip(ids, outs)], sampling, rng)
-
-    tok = pick(logits)
+def _tokens(decode, sampler: Sampler, logits, lengths, max_new_tokens):
+    """The chosen ids (B,) of every step: the first from the prompt's logits, the rest from
+    the decoder's steps, all picked on the logits' device (only the ids come back)."""
+    u = sampler.uniforms(1)
+    tok = sampler(logits, None if u is None else sampler.xp.asarray(u[0]))
+    tok = tok.get() if hasattr(tok, "get") else tok
     yield tok
-    if sampling.temperature == 0 and sampling.repetition_penalty == 1.0:
-        yield from decode.greedy(tok, lengths, max_new_tokens - 1)
-        return
-    for step in range(max_new_tokens - 1):
-        nxt = np.where([o.done for o in outs], eos, tok)[:, None]
-        tok = pick(decode(nxt, (lengths + step)[:, None]))
-        yield tok
+    yield from decode.tokens(tok, lengths, max_new_tokens - 1)
 
 
-def _loop(decode, logits, ids, outs, streams, lengths, max_new_tokens, sampling, rng, stop, eos, on_text):
-    for tok in _tokens(decode, logits, ids, outs, lengths, max_new_tokens, sampling, rng, eos):
+def _loop(tokens, outs, streams, stop, eos, on_text):
+    for tok in tokens:
         for j, (o, t) in enumerate(zip(outs, tok)):
             if o.done:
                 continue

@@ -22,6 +22,7 @@ import tilekernels as tk
 from tilekernels._arrays import full_wait_next
 
 from .kvcache import KVCache
+from .sampling import GREEDY, Sampler
 
 
 CHAIN = 8       # greedy steps a replay (tools/profile_decode.py: steps_per_graph_us_per_token)
@@ -36,10 +37,12 @@ def step_input(ids, positions, table, pos_table):
 @dataclass
 class Replay:
     """A captured graph of n decode steps, the logits of its last step (kept: the graph writes
-    them) and the pinned host array (n, B) its last node copies the steps' tokens into."""
+    them), the pinned host array (n, B) its last node copies the steps' tokens into and, when
+    its steps draw, the pinned (n, B) uniforms its first node copies to the device."""
     graph: object
     logits: object
     tokens: np.ndarray
+    uniforms: np.ndarray | None
 
     @property
     def n(self) -> int:
@@ -47,31 +50,33 @@ class Replay:
 
 
 class DecodeGraph:
-    """decode(ids (B,), positions (B,)) -> logits (B, V) on the device, one token per call;
-    greedy(...) for a whole greedy continuation.
+    """tokens(ids, positions, steps): the tokens (B,) of a continuation, chosen on the device.
 
     step(x) is the model's device work for one token per sequence from their embeddings x
     (B, 1, C), reading the cache span that cache.begin announces; embed = (table, pos_table or
-    None) are the model's embedding tables. Every captured step ends in one argmax launch
-    that also advances positions and span and gathers the chosen tokens' embeddings into the
+    None) are the model's embedding tables; sampler picks the tokens (greedy by default).
+    Every captured step ends in the sampler's launches (one argmax when greedy), the last of
+    which also advances positions and span and gathers the chosen tokens' embeddings into the
     other of two input buffers, so steps chain on the device with no host work between them:
-    greedy replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
+    tokens replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
     tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
     benchmarks/results/decode-profile-gpt2-b1-h100.json).
     Create and call it under a non-default cupy stream (graphs cannot capture the legacy
-    default stream): see device_stream.
+    default stream): see device_stream. Building it runs steps, which mark tokens in the
+    sampler's seen mask: start the sampler after.
     """
 
-    def __init__(self, embed: tuple, step: Callable, cache: KVCache):
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler | None = None):
         import cupy
 
         b = cache.k.shape[1]
         self.cache = cache
         self.table, self.pos_table = embed
+        self.sampler = sampler or Sampler(GREEDY, cupy, b, self.table.shape[0])
         self.x = [cupy.zeros((b, 1, self.table.shape[1]), cupy.float32) for _ in range(2)]
         self.positions = cupy.zeros(b, cupy.int64)
         self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
-        self._seed(np.zeros(b, np.int64), np.zeros(b, np.int64))   # compiles the seeding embedding now, not in greedy
+        self._seed(np.zeros(b, np.int64), np.zeros(b, np.int64))   # compiles the seeding embedding now, not in tokens
         # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
         # consecutive replays copy their tokens into different host arrays
         self.single = [self._capture(step, p, 1) for p in (0, 1)]
@@ -93,15 +98,15 @@ class DecodeGraph:
         self.single[0].graph.launch(stream)
         stream.synchronize()
 
-    def _step(self, step: Callable, p: int, tokens):
-        """One step from x[p]: its logits; the argmax into tokens (B,) and, embedded, into x[1 - p].
-        Its first kernel starts once the step before has finished: kernels read earlier steps'
-        cached keys before their dependency wait."""
+    def _step(self, step: Callable, p: int, tokens, uniforms):
+        """One step from x[p]: its logits; the sampler's choice into tokens (B,) and, embedded,
+        into x[1 - p]. Its first kernel starts once the step before has finished: kernels read
+        earlier steps' cached keys before their dependency wait."""
         full_wait_next()
         logits = step(self.x[p])
         nxt = self.x[1 - p]
-        tk.argmax(logits, out=tokens, positions=self.positions, counters=self.cache.span,
-                  embed=(self.table, self.pos_table, nxt.reshape(nxt.shape[0], -1)))
+        self.sampler(logits, uniforms, out=tokens, positions=self.positions, counters=self.cache.span,
+                     embed=(self.table, self.pos_table, nxt.reshape(nxt.shape[0], -1)))
         return logits
 
     def _capture(self, step: Callable, p: int, n: int) -> Replay:
@@ -111,18 +116,24 @@ class DecodeGraph:
         stream = cupy.cuda.get_current_stream()
         tokens = cupy.zeros((n, self.x[0].shape[0]), cupy.int64)
         host = cupyx.empty_pinned(tokens.shape, np.int64)
+        draws = self.sampler.draws
+        u = cupy.zeros(tokens.shape, cupy.float32) if draws else [None] * n
+        u_host = cupyx.zeros_pinned(tokens.shape, np.float32) if draws else None
         with cupy.cuda.using_allocator(self.pool.malloc):
             self.cache.begin(1)
-            self._step(step, p, tokens[0])              # compiles kernels, fills the pool
+            self._step(step, p, tokens[0], u[0])        # compiles kernels, fills the pool
             self.cache.begin(1)
             stream.begin_capture()
+            if draws:
+                cupy.cuda.runtime.memcpyAsync(u.data.ptr, u_host.ctypes.data, u.nbytes,
+                                              cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
             for i in range(n):
-                logits = self._step(step, (p + i) % 2, tokens[i])
+                logits = self._step(step, (p + i) % 2, tokens[i], u[i])
             cupy.cuda.runtime.memcpyAsync(host.ctypes.data, tokens.data.ptr, tokens.nbytes,
                                           cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             graph = stream.end_capture()
         graph.upload(stream)        # not in the first replay's time
-        return Replay(graph, logits, host)
+        return Replay(graph, logits, host, u_host)
 
     def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
         """The next step's input (x[0]) from host token ids and positions; the cache span."""
@@ -134,27 +145,29 @@ class DecodeGraph:
         self.x[0][...] = step_input(ids, self.positions[:, None], self.table, self.pos_table)
 
     def _launch(self, replay: Replay):
-        """Queue a replay on the current stream; the event its tokens are ready at."""
+        """Queue a replay on the current stream, with the next uniforms when its steps draw
+        (its pinned buffer is free: the replay of the same graph before it has been waited
+        for); the event its tokens are ready at."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
+        if replay.uniforms is not None:
+            replay.uniforms[...] = self.sampler.uniforms(replay.n)
         replay.graph.launch(stream)
         self.cache.length += replay.n
         return stream.record()
 
-    def __call__(self, ids: np.ndarray, positions: np.ndarray):
-        self._seed(ids, positions)
-        self._launch(self.single[0])
-        return self.single[0].logits
-
-    def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
-        """The (B,) argmax tokens of `steps` steps starting from ids at positions.
+    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        """The (B,) tokens the sampler picks in `steps` steps starting from ids at positions.
 
         Replays of CHAIN steps, then single steps for the rest, each queued before the host
         waits for the one before it, so the GPU never waits for the host; the host reads each
         replay's tokens from pinned memory. Stopping early leaves at most one replay's steps
         extra in the cache, never more than `steps` in all.
         """
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
         self._seed(ids, positions)
         replays = [self.chains[c % 2] for c in range(steps // CHAIN)]
         replays += [self.single[s % 2] for s in range(steps % CHAIN)]   # a chain ends where it began, at x[0]
@@ -228,26 +241,26 @@ def device_stream(xp):
 
 
 class PlainDecoder:
-    """DecodeGraph's calls for numpy arrays: each step simply runs (CPU)."""
+    """DecodeGraph's tokens for numpy arrays: each step simply runs (CPU)."""
 
-    def __init__(self, embed: tuple, step: Callable, cache: KVCache):
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler | None = None):
         (self.table, self.pos_table), self.step, self.cache = embed, step, cache
+        self.sampler = sampler or Sampler(GREEDY, np, cache.k.shape[1], self.table.shape[0])
 
-    def __call__(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        self.cache.begin(1)
-        ids, positions = (np.asarray(a).reshape(-1, 1) for a in (ids, positions))
-        logits = self.step(step_input(ids, positions, self.table, self.pos_table))
-        self.cache.length += 1
-        return logits
-
-    def greedy(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         positions = np.asarray(positions).reshape(-1, 1)
         for s in range(steps):
-            ids = self(ids, positions + s).argmax(-1)
+            self.cache.begin(1)
+            logits = self.step(step_input(np.asarray(ids).reshape(-1, 1), positions + s, self.table, self.pos_table))
+            self.cache.length += 1
+            u = self.sampler.uniforms(1)
+            ids = self.sampler(logits, None if u is None else u[0])
             yield ids
 
 
-def decoder(xp, embed: tuple, step: Callable, cache: KVCache) -> DecodeGraph | PlainDecoder:
-    """The per-token step from embeddings (embed: the tables, (table, pos_table or None)): a
-    replayed CUDA graph on the GPU, a plain call on the CPU."""
-    return PlainDecoder(embed, step, cache) if xp is np else DecodeGraph(embed, step, cache)
+def decoder(xp, embed: tuple, step: Callable, cache: KVCache,
+            sampler: Sampler | None = None) -> DecodeGraph | PlainDecoder:
+    """The per-token steps from embeddings (embed: the tables, (table, pos_table or None)),
+    their tokens picked by sampler (greedy by default): replayed CUDA graphs on the GPU,
+    plain calls on the CPU."""
+    return (PlainDecoder if xp is np else DecodeGraph)(embed, step, cache, sampler)

@@ -1,10 +1,13 @@
 """Choosing the next token from logits, as HF generate does: repetition penalty, then
-temperature, top-k and top-p, then a draw (or argmax when temperature is 0)."""
+temperature, top-k and top-p, then a draw (or the argmax when temperature is 0), with
+tilekernels' sample op on whichever device holds the logits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+import tilekernels as tk
 
 
 @dataclass(frozen=True)
@@ -25,46 +28,43 @@ class Sampling:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
 
-def apply_repetition_penalty(logits: np.ndarray, seen: list[np.ndarray], penalty: float) -> np.ndarray:
-    """CTRL-style: seen tokens' logits are divided by penalty if positive, else multiplied."""
-    if penalty == 1.0:
-        return logits
-    out = logits.copy()
-    for row, ids in zip(out, seen):
-        ids = np.unique(ids)
-        vals = row[ids]
-        row[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
-    return out
+GREEDY = Sampling(temperature=0)
 
 
-def filter_top_k(logits: np.ndarray, k: int) -> np.ndarray:
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = np.partition(logits, -k, axis=-1)[..., -k, None]
-    return np.where(logits < kth, -np.inf, logits)
+class Sampler:
+    """Picks a batch's tokens step by step under one Sampling: tk.sample, or tk.argmax when
+    greedy without a penalty. The uniforms for the draws come from one numpy Generator in
+    step order, so a seed draws the same tokens on the CPU and the GPU. The tokens seen so
+    far (for the repetition penalty) are a (B, V) mask on the logits' device, which the op
+    marks as it chooses."""
 
+    def __init__(self, s: Sampling, xp, batch: int, vocab: int, seed: int | None = None):
+        self.s, self.batch, self.xp = s, batch, xp
+        self.rng = np.random.default_rng(seed)
+        self.seen = None if s.repetition_penalty == 1 else xp.zeros((batch, vocab), np.uint8)
 
-def filter_top_p(logits: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
-    if p >= 1.0:
-        return logits
-    order = np.argsort(logits, axis=-1)                      # ascending, as HF
-    sorted_logits = np.take_along_axis(logits, order, -1).astype(np.float64)
-    probs = np.exp(sorted_logits - sorted_logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    drop = np.cumsum(probs, -1) <= 1 - p
-    drop[..., -1] = False
-    out = logits.copy()
-    np.put_along_axis(out, order, np.where(drop, -np.inf, sorted_logits).astype(logits.dtype), -1)
-    return out
+    def start(self, prompts: list[list[int]]) -> None:
+        """Mark only the prompts' tokens as seen (again: a decode graph's capture runs steps)."""
+        if self.seen is not None:
+            mask = np.zeros(self.seen.shape, np.uint8)
+            for row, ids in zip(mask, prompts):
+                row[ids] = 1
+            self.seen[...] = self.xp.asarray(mask)
 
+    @property
+    def draws(self) -> bool:
+        """Whether tokens are drawn (temperature > 0), each step taking B uniforms."""
+        return self.s.temperature > 0
 
-def next_tokens(logits: np.ndarray, seen: list[np.ndarray], s: Sampling, rng: np.random.Generator) -> np.ndarray:
-    """One token id per row of logits (B, V)."""
-    logits = apply_repetition_penalty(logits.astype(np.float32), seen, s.repetition_penalty)
-    if s.temperature == 0:
-        return logits.argmax(-1)
-    logits = filter_top_p(filter_top_k(logits / s.temperature, s.top_k), s.top_p).astype(np.float64)
-    probs = np.exp(logits - logits.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    return np.array([rng.choice(len(p), p=p) for p in probs])
+    def uniforms(self, steps: int) -> np.ndarray | None:
+        """The next `steps` steps' uniforms, (steps, B) float32 in [0, 1); None when greedy."""
+        return self.rng.random((steps, self.batch), dtype=np.float32) if self.draws else None
+
+    def __call__(self, logits, uniforms=None, **tail):
+        """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when
+        greedy); tail: the op's out, positions, counters and embed."""
+        s = self.s
+        if s.temperature == 0 and s.repetition_penalty == 1:
+            return tk.argmax(logits, **tail)
+        return tk.sample(logits, uniforms, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                         penalty=s.repetition_penalty, seen=self.seen, **tail)

@@ -14,6 +14,7 @@ from .norm import LayerNorm, RMSNorm, fold_norm, layernorm, rmsnorm
 from .qkv import split_qkv
 from .precision import get_matmul_precision, set_matmul_precision
 from .rope import rope, rope_cos_sin
+from .sampling import sample
 from .softmax import softmax
 from .weights import compact, widen
 
@@ -21,5 +22,5 @@ __version__ = "0.1.0"
 __all__ = [
     "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
     "is_device",
-    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "silu", "softmax", "split_qkv", "swiglu", "widen",
+    "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "swiglu", "widen",
 ]

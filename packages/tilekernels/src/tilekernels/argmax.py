@@ -33,8 +33,8 @@ EMBED_TILE = 1024   # channels a step of the embedding gather
 
 
 @ct.kernel
-def argmax_kernel(X, PV, PI, C, OUT, POS, CNT, T, P, Y, TILE: ConstInt, CHUNKS: ConstInt, TILE_CNT: ConstInt,
-                  TILE_C: ConstInt, ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool):
+def argmax_kernel(X, PV, PI, C, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt, ADVANCE: ConstBool,
+                  COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TILE: ConstInt, CHUNKS: ConstInt):
     """Best value and index of chunk bid(0) of row bid(1); the row's last chunk to finish
     (counted in C[row]) writes OUT[row], the index of the first chunk holding the largest
     value, and sets the count back to zero. That block also adds one to POS[row] (ADVANCE),
@@ -52,25 +52,32 @@ def argmax_kernel(X, PV, PI, C, OUT, POS, CNT, T, P, Y, TILE: ConstInt, CHUNKS: 
         i = ct.load(PI, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
         best = ct.argmax(v, axis=1, keepdims=True, propagate_nan=True)
         token = ct.sum(ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] == best, i, 0))
-        ct.store(OUT, index=(r,), tile=ct.astype(ct.reshape(token, (1,)), ct.int64), allow_tma=False)
-        position = ct.load(POS, index=(r,), shape=(1,), allow_tma=False)
-        if ADVANCE:
-            position = position + 1
-            ct.store(POS, index=(r,), tile=position, allow_tma=False)
-        if COUNT:
-            if r == 0:
-                n = ct.load(CNT, index=(0,), shape=(TILE_CNT,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
-                ct.store(CNT, index=(0,), tile=n + 1, allow_tma=False)
-        if EMBED:
-            at = ct.reshape(position, ())
-            for k in range(ct.cdiv(Y.shape[1], TILE_C)):
-                e = f32(ct.load(T, index=(token, k), shape=(1, TILE_C), padding_mode=ct.PaddingMode.ZERO,
-                                allow_tma=False))
-                if HAS_P:
-                    e = e + f32(ct.load(P, index=(at, k), shape=(1, TILE_C), padding_mode=ct.PaddingMode.ZERO,
-                                        allow_tma=False))
-                ct.store(Y, index=(r, k), tile=e, allow_tma=False)
+        step_tail(r, token, OUT, POS, CNT, T, P, Y, TILE_CNT, TILE_C, ADVANCE, COUNT, EMBED, HAS_P)
         reset_count(C, r)
+
+
+def step_tail(r, token, OUT, POS, CNT, T, P, Y, TILE_CNT, TILE_C, ADVANCE, COUNT, EMBED, HAS_P):
+    """Tile helper, a decode step's last work once row r's token (a 0-d int32 tile) is known:
+    OUT[r] = token; POS[r] += 1 (ADVANCE); every counter in CNT += 1 (COUNT, by row 0);
+    Y[r] = T[token] (+ P[POS[r]], advanced) in float32 (EMBED), the next step's input."""
+    ct.store(OUT, index=(r,), tile=ct.astype(ct.reshape(token, (1,)), ct.int64), allow_tma=False)
+    position = ct.load(POS, index=(r,), shape=(1,), allow_tma=False)
+    if ADVANCE:
+        position = position + 1
+        ct.store(POS, index=(r,), tile=position, allow_tma=False)
+    if COUNT:
+        if r == 0:
+            n = ct.load(CNT, index=(0,), shape=(TILE_CNT,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+            ct.store(CNT, index=(0,), tile=n + 1, allow_tma=False)
+    if EMBED:
+        at = ct.reshape(position, ())
+        for k in range(ct.cdiv(Y.shape[1], TILE_C)):
+            e = f32(ct.load(T, index=(token, k), shape=(1, TILE_C), padding_mode=ct.PaddingMode.ZERO,
+                            allow_tma=False))
+            if HAS_P:
+                e = e + f32(ct.load(P, index=(at, k), shape=(1, TILE_C), padding_mode=ct.PaddingMode.ZERO,
+                                    allow_tma=False))
+            ct.store(Y, index=(r, k), tile=e, allow_tma=False)
 
 
 def chunk_tile(n: int) -> int:
@@ -78,7 +85,8 @@ def chunk_tile(n: int) -> int:
     return max(MIN_TILE, next_pow2(-(-n // MAX_CHUNKS)))
 
 
-def _check_tail(rows: int, positions, counters, embed) -> None:
+def check_tail(rows: int, positions, counters, embed) -> None:
+    """Validate a decode step's tail arguments (argmax's and sample's) for `rows` rows."""
     if positions is not None:
         check("positions", positions, shape=(rows,), dtype=np.int64)
     if counters is not None:
@@ -118,20 +126,10 @@ def argmax(x, out=None, *, positions=None, counters=None, embed=None):
     tail = positions is not None or counters is not None or embed is not None
     if tail and x.ndim != 2:
         raise ValueError(f"x: positions, counters and embed need 2-D logits (rows, V), got shape {tuple(x.shape)}")
-    _check_tail(x.shape[0], positions, counters, embed)
+    check_tail(x.shape[0], positions, counters, embed)
     if kind == "numpy":
         y = np.asarray(np.argmax(x, axis=-1), dtype=np.int64)
-        if out is not None:
-            out[...] = y
-            y = out
-        if positions is not None:
-            positions += 1
-        if counters is not None:
-            counters += 1
-        if embed is not None:
-            table, pos_table, rows = embed
-            rows[...] = embedding_reference(y, table, positions, pos_table)
-        return y
+        return tail_reference(y, out, positions, counters, embed)
     xp = array_module(x)
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
@@ -142,12 +140,35 @@ def argmax(x, out=None, *, positions=None, counters=None, embed=None):
         chunks = -(-n // tile)
         pv = xp.empty((rows, chunks), dtype=np.float32)
         pi = xp.empty((rows, chunks), dtype=np.int32)
-        pos = y.reshape(rows) if positions is None else positions
-        cnt = pi.reshape(-1) if counters is None else counters
-        table, pos_table, e = (x2, None, x2) if embed is None else embed
         launch((chunks, rows, 1), argmax_kernel,
-               (x2, pv, pi, last_block_counters(rows), y.reshape(rows), pos, cnt, table,
-                table if pos_table is None else pos_table, e, tile, next_pow2(chunks), next_pow2(cnt.size),
-                min(next_pow2(e.shape[1]), EMBED_TILE), positions is not None, counters is not None,
-                embed is not None, pos_table is not None))
+               (x2, pv, pi, last_block_counters(rows), *tail_args(y.reshape(rows), positions, counters, embed, x2),
+                tile, next_pow2(chunks)))
     return y
+
+
+def tail_reference(y: np.ndarray, out, positions, counters, embed) -> np.ndarray:
+    """The step tail on the CPU (argmax's and sample's): y (the chosen int64 ids) into out,
+    then positions and counters advanced and the next input embedded, in place."""
+    if out is not None:
+        out[...] = y
+        y = out
+    if positions is not None:
+        positions += 1
+    if counters is not None:
+        counters += 1
+    if embed is not None:
+        table, pos_table, rows = embed
+        rows[...] = embedding_reference(y, table, positions, pos_table)
+    return y
+
+
+def tail_args(out, positions, counters, embed, spare) -> tuple:
+    """step_tail's kernel arguments: OUT, POS, CNT, T, P, Y, then its constants TILE_CNT,
+    TILE_C, ADVANCE, COUNT, EMBED, HAS_P. Absent arrays are stood in for by others of their
+    kind, never touched: out for the int64 ones, spare (float32, 2-D) for the tables."""
+    pos = out if positions is None else positions
+    cnt = pos if counters is None else counters
+    table, pos_table, e = (spare, None, spare) if embed is None else embed
+    return (out, pos, cnt, table, table if pos_table is None else pos_table, e, next_pow2(cnt.size),
+            min(next_pow2(e.shape[1]), EMBED_TILE), positions is not None, counters is not None,
+            embed is not None, pos_table is not None)

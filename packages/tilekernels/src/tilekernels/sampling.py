@@ -1,0 +1,283 @@
+"""Drawing the next token from logits on the device: repetition penalty, temperature, top-k
+and top-p (nucleus) filtering, then a draw by inverse CDF from a given uniform, as HF's
+generate does, with no sort and nothing read back to the host.
+
+The filters keep every value at or above a threshold: top-k's is the k-th largest value,
+top-p's the largest value t whose filtered mass at or above t still reaches p (ties are kept
+together). Each threshold is found exactly by a WAYS-ary search over the 32-bit order-preserving
+keys of the float32 values (16 splits a pass, 8 passes: 16^8 = 2^32), every pass one launch in
+which each block sums its chunk at all splits and the row's last block narrows the interval. The draw then takes the first index (in vocabulary order) at which the running
+sum of the kept weights exceeds u times their total, which is what numpy's
+Generator.choice(p=...) does with the same uniform, so a seeded run draws the same tokens
+on the CPU and the GPU. The draw's last block ends the step as argmax's does (positions,
+counters, the next input's embedding), so sampled steps chain in a CUDA graph too.
+"""
+from __future__ import annotations
+
+import cuda.tile as ct
+import numpy as np
+
+from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch, \
+    next_pow2, reset_count
+from .argmax import argmax, check_tail, chunk_tile, step_tail, tail_args, tail_reference
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+ConstFloat = ct.Constant[float]
+# splits of a search pass (a power of two: 32 / log2(WAYS) passes a search) and elements a block compares
+# with all of them at once: 16 x 64 measured best of 16 settings on an H100 (tools/bench_sampling.py --splits;
+# a pass costs ~3 us plus ~0.25 us a split at batch 1; wider tiles spill registers)
+WAYS = 16
+SUB = 64
+INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+# ---------------------------------------------------------------------- reference
+def penalized(x: np.ndarray, seen: np.ndarray | None, penalty: float) -> np.ndarray:
+    """CTRL's repetition penalty: seen tokens' logits divided by penalty where positive, else
+    multiplied (float32, as the kernel computes it)."""
+    if seen is None:
+        return x
+    p = np.float32(penalty)
+    hit = seen != 0
+    return np.where(hit & (x > 0), x / p, np.where(hit, x * p, x)).astype(np.float32)
+
+
+def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Which logits (rows, V) survive top-k then top-p: top-k keeps values >= the k-th largest;
+    top-p keeps each value whose strictly larger values hold less than p of the mass left
+    by top-k (softmax at `temperature`, float64). At least the largest value survives."""
+    keep = np.ones(x.shape, bool)
+    n = x.shape[-1]
+    if 0 < top_k < n:
+        keep &= x >= np.partition(x, n - top_k, axis=-1)[:, n - top_k, None]
+    if top_p < 1:
+        w = np.where(keep, np.exp((x.astype(np.float64) - x.max(-1, keepdims=True)) / temperature), 0)
+        for r in range(x.shape[0]):
+            order = np.argsort(-x[r], kind="stable")
+            xs = x[r, order]
+            before = np.concatenate([[0.0], np.cumsum(w[r, order])[:-1]])
+            above = before[np.searchsorted(-xs, -xs, side="left")]      # mass of strictly larger values
+            keep[r, order] &= above < top_p * w[r].sum()
+    return keep
+
+
+def sample_reference(x: np.ndarray, uniforms: np.ndarray | None, temperature: float, top_k: int, top_p: float,
+                     penalty: float, seen: np.ndarray | None) -> np.ndarray:
+    """int64 token (rows,) of each row of logits x (rows, V), uniforms (rows,) in [0, 1)."""
+    x = penalized(x, seen, penalty)
+    if temperature == 0:
+        y = np.argmax(x, -1)
+    else:
+        w = np.where(kept(x, temperature, top_k, top_p),
+                     np.exp((x.astype(np.float64) - x.max(-1, keepdims=True)) / temperature), 0)
+        cdf = np.cumsum(w, -1)
+        last = x.shape[-1] - 1 - np.argmax(w[:, ::-1] > 0, -1)      # where u rounds up to 1
+        y = np.minimum((cdf <= uniforms[:, None] * cdf[:, -1:]).sum(-1), last)
+    if seen is not None:
+        seen[np.arange(len(y)), y] = 1
+    return y.astype(np.int64)
+
+
+# ---------------------------------------------------------------------- kernels
+def order_key(x):
+    """Tile helper: int32 keys of float32 values, in the same order (-0 just below +0)."""
+    b = ct.bitcast(x, ct.int32)
+    return ct.where(b < 0, ct.bitwise_xor(b, INT32_MAX), b)
+
+
+def _chunk(X, r, c, TILE):
+    """Tile helper: chunk c of row r (1, TILE), -inf past the row's end, and which are in it."""
+    x = ct.load(X, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.NEG_INF)
+    return x, (c * TILE + ct.arange(TILE, dtype=ct.int32))[None, :] < X.shape[1]
+
+
+@ct.kernel
+def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, penalty: float, TILE: ConstInt, CHUNKS: ConstInt,
+                   PENALTY: ConstBool, GREEDY: ConstBool):
+    """Chunk bid(0) of row bid(1): the penalty applied into XP (PENALTY), the chunk's largest
+    value and smallest key; the row's last block writes the row's largest value M, and the
+    search interval [LO, HI] (HI = LO = the largest's key when GREEDY)."""
+    inputs_ready()
+    c = ct.bid(0)
+    r = ct.bid(1)
+    x, valid = _chunk(X, r, c, TILE)
+    if PENALTY:
+        hit = ct.load(SEEN, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO) != 0
+        x = ct.where(hit, ct.where(x > 0, x / penalty, x * penalty), x)
+        ct.store(XP, index=(r, c), tile=x)
+    ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True), allow_tma=False)
+    ct.store(PK, index=(r, c), tile=ct.min(ct.where(valid, order_key(x), INT32_MAX), axis=1, keepdims=True),
+             allow_tma=False)
+    if last_in_group(C, r, ct.num_blocks(0)):
+        m = ct.max(ct.load(PV, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.NEG_INF,
+                           allow_tma=False))
+        k = ct.load(PK, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+        hi = order_key(ct.reshape(m, (1,)))
+        lo = ct.reshape(ct.min(ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] < ct.num_blocks(0), k, INT32_MAX)),
+                        (1,))
+        if GREEDY:
+            lo = hi
+        ct.store(M, index=(r,), tile=ct.reshape(m, (1,)), allow_tma=False)
+        ct.store(LO, index=(r,), tile=lo, allow_tma=False)
+        ct.store(HI, index=(r,), tile=hi, allow_tma=False)
+        reset_count(C, r)
+
+
+@ct.kernel
+def search_kernel(X, M, LO, HI, TARGET, PF, C, top_k: int, top_p: float, inv_t: float, TILE: ConstInt,
+                  CHUNKS: ConstInt, WAYS: ConstInt, SUB: ConstInt, MASS: ConstBool, FIRST: ConstBool):
+    """One pass of the search for the largest key t in [LO, HI] of row bid(1) with F(t) >= its
+    target, F(t) the count (top-k: target top_k) or the weight exp((x - M) * inv_t) (MASS,
+    top-p: target top_p times F(LO), taken in the FIRST pass, whose HI is the largest value's
+    key) of the row's values with keys >= t. Block bid(0) sums its chunk at WAYS splits of the
+    interval; the row's last block keeps the sub-interval holding the answer. A converged
+    row (LO == HI) does nothing."""
+    inputs_ready()
+    c = ct.bid(0)
+    r = ct.bid(1)
+    m = ct.load(M, index=(r,), shape=())
+    lo = ct.load(LO, index=(r,), shape=())
+    hi = ct.load(HI, index=(r,), shape=())
+    if FIRST:
+        hi = ct.reshape(order_key(ct.reshape(m, (1,))), ())
+    ways = ct.arange(WAYS, dtype=ct.int64)
+    span = ct.astype(hi, ct.int64) - ct.astype(lo, ct.int64) + 1
+    splits = ct.astype(ct.astype(lo, ct.int64) + span * ways // WAYS, ct.int32)
+    # F at every split for the chunk's SUB-wide slices, element-wise (counts are exact in float32 below
+    # 2^24), reduced across the slice once at the end; unrolled and outside the branch below, so every
+    # slice's load is issued at once, alongside the interval's
+    f = ct.zeros((WAYS, SUB), ct.float32)
+    for j in ct.static_iter(range(TILE // SUB)):
+        x, valid = _chunk(X, r, c * (TILE // SUB) + j, SUB)
+        above = ct.where(valid, order_key(x), INT32_MIN) >= ct.reshape(splits, (WAYS, 1))
+        if MASS:
+            f = f + ct.where(above, ct.exp((x - m) * inv_t), 0.0)
+        else:
+            f = f + ct.where(above, 1.0, 0.0)
+    if hi > lo:
+        ct.store(PF, index=(r, c, 0), tile=ct.reshape(ct.sum(f, axis=1), (1, 1, WAYS)), allow_tma=False)
+        if last_in_group(C, r, ct.num_blocks(0)):
+            f = ct.sum(ct.load(PF, index=(r, 0, 0), shape=(1, CHUNKS, WAYS), padding_mode=ct.PaddingMode.ZERO,
+                               allow_tma=False), axis=1)
+            target = ct.full((), 1.0, ct.float32) * top_k
+            if MASS:
+                if FIRST:
+                    target = top_p * ct.sum(ct.where(ways[None, :] == 0, f, 0.0))
+                    ct.store(TARGET, index=(r,), tile=ct.reshape(target, (1,)), allow_tma=False)
+                else:
+                    target = ct.load(TARGET, index=(r,), shape=())
+            ok = f >= target
+            # the first split is LO, at or below the answer by the last pass (even if its sum rounds lower now)
+            best = ct.max(ct.where(ok | (ways[None, :] == 0), ways[None, :], 0))
+            new_lo = ct.sum(ct.where(ways == best, splits, 0))
+            new_hi = ct.where(best < WAYS - 1, ct.sum(ct.where(ways == best + 1, splits - 1, 0)), hi)
+            ct.store(LO, index=(r,), tile=ct.reshape(new_lo, (1,)), allow_tma=False)
+            ct.store(HI, index=(r,), tile=ct.reshape(new_hi, (1,)), allow_tma=False)
+            reset_count(C, r)
+
+
+@ct.kernel
+def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt,
+                ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, inv_t: float,
+                TILE: ConstInt, CHUNKS: ConstInt, GREEDY: ConstBool, MARK: ConstBool):
+    """Chunk bid(0) of row bid(1): the weight of its values with keys >= LO; the row's last
+    block takes the first index whose running weight exceeds U[r] times the row's (0 when
+    GREEDY: the first largest), marks it in SEEN (MARK) and ends the step (argmax.step_tail)."""
+    inputs_ready()
+    c = ct.bid(0)
+    r = ct.bid(1)
+    m = ct.load(M, index=(r,), shape=())
+    lo = ct.load(LO, index=(r,), shape=())
+    x, _ = _chunk(X, r, c, TILE)
+    w = ct.where(order_key(x) >= lo, ct.exp((x - m) * inv_t), 0.0)
+    ct.store(PS, index=(r, c), tile=ct.sum(w, axis=1, keepdims=True), allow_tma=False)
+    if last_in_group(C, r, ct.num_blocks(0)):
+        chunks = ct.arange(CHUNKS, dtype=ct.int32)[None, :]
+        s = ct.load(PS, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+        s = ct.where(chunks < ct.num_blocks(0), s, 0.0)
+        run = ct.cumsum(s, axis=1)
+        target = ct.load(U, index=(r,), shape=()) * ct.max(run)
+        if GREEDY:
+            target = 0.0 * target
+        # the chunk where the running weight first exceeds the target (the last one holding weight if
+        # rounding lets the target reach the total), then the index within it
+        at = ct.minimum(ct.sum(ct.where(run <= target, 1, 0)), ct.max(ct.where(s > 0, chunks, 0)))
+        target = target - ct.sum(ct.where(chunks == at - 1, run, 0.0))
+        x, _ = _chunk(X, r, at, TILE)
+        w = ct.where(order_key(x) >= lo, ct.exp((x - m) * inv_t), 0.0)
+        inner = ct.arange(TILE, dtype=ct.int32)[None, :]
+        i = ct.minimum(ct.sum(ct.where(ct.cumsum(w, axis=1) <= target, 1, 0)), ct.max(ct.where(w > 0, inner, 0)))
+        token = at * TILE + i
+        if MARK:
+            ct.store(SEEN, index=(r, token), tile=ct.full((1, 1), 1, ct.uint8), allow_tma=False)
+        step_tail(r, token, OUT, POS, CNT, T, P, Y, TILE_CNT, TILE_C, ADVANCE, COUNT, EMBED, HAS_P)
+        reset_count(C, r)
+
+
+# ---------------------------------------------------------------------- op
+def sample(x, uniforms=None, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, penalty: float = 1.0,
+           seen=None, out=None, positions=None, counters=None, embed=None):
+    """int64 token ids (rows,) drawn from logits x (rows, V) float32.
+
+    The logits of tokens marked in seen (uint8 (rows, V); needed when penalty != 1) get the
+    repetition penalty, and each chosen token is marked there. temperature 0 is greedy (the
+    first largest penalized logit; uniforms unused), else softmax(x / temperature) restricted
+    by top_k (0: off) and top_p (1: off) is sampled with uniforms (float32 (rows,), in [0, 1))
+    by inverse CDF in vocabulary order. out, positions, counters, embed: as argmax's, the rest
+    of a decode step in the same launches.
+    """
+    kind = backend(x=x, uniforms=uniforms, seen=seen, out=out, positions=positions, counters=counters,
+                   **({} if embed is None else {"embed table": embed[0], "embed pos_table": embed[1],
+                                                "embed out": embed[2]}))
+    check("x", x, ndim=2)
+    rows, n = x.shape
+    if n == 0:
+        raise ValueError(f"x: expected a non-empty last axis, got shape {tuple(x.shape)}")
+    if not temperature >= 0:
+        raise ValueError(f"temperature: expected >= 0, got {temperature}")
+    if top_k < 0 or not 0 < top_p <= 1 or not penalty > 0:
+        raise ValueError(f"expected top_k >= 0, 0 < top_p <= 1, penalty > 0; got {top_k}, {top_p}, {penalty}")
+    if temperature > 0:
+        if uniforms is None:
+            raise ValueError("uniforms: needed when temperature > 0")
+        check("uniforms", uniforms, shape=(rows,))
+    if penalty != 1 and seen is None:
+        raise ValueError("seen: needed when penalty != 1")
+    if seen is not None:
+        check("seen", seen, shape=(rows, n), dtype=np.uint8)
+    if out is not None:
+        check("out", out, shape=(rows,), dtype=np.int64)
+    check_tail(rows, positions, counters, embed)
+    if kind == "numpy":
+        y = sample_reference(x, None if uniforms is None else uniforms.astype(np.float64), temperature, top_k,
+                             top_p, penalty, seen)
+        return tail_reference(y, out, positions, counters, embed)
+    if temperature == 0 and seen is None:
+        return argmax(x, out, positions=positions, counters=counters, embed=embed)
+    xp = array_module(x)
+    y = xp.empty(rows, dtype=np.int64) if out is None else out
+    if rows == 0:
+        return y
+    tile = chunk_tile(n)
+    chunks = -(-n // tile)
+    grid, span = (chunks, rows, 1), (tile, next_pow2(chunks))
+    counts = last_block_counters(rows)
+    m, target = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
+    lo, hi = xp.empty(rows, np.int32), xp.empty(rows, np.int32)
+    greedy = temperature == 0
+    xp_ = x if seen is None else xp.empty_like(x)
+    launch(grid, prepare_kernel, (x, x if seen is None else seen, xp_, xp.empty((rows, chunks), np.float32),
+                                  xp.empty((rows, chunks), np.int32), counts, m, lo, hi, float(penalty), *span,
+                                  seen is not None, greedy))
+    inv_t = 1.0 if greedy else 1.0 / temperature
+    partial = xp.empty((rows, chunks, WAYS), np.float32)
+    searches = [] if greedy else [False] * (0 < top_k < n) + [True] * (top_p < 1)
+    for mass in searches:
+        for i in range(-(-32 // (WAYS.bit_length() - 1))):
+            launch(grid, search_kernel, (xp_, m, lo, hi, target, partial, counts, int(top_k), float(top_p), inv_t,
+                                         *span, WAYS, min(SUB, tile), mass, mass and i == 0))
+    launch(grid, draw_kernel, (xp_, m, lo, xp.zeros(rows, np.float32) if uniforms is None else uniforms,
+                               xp.empty((rows, chunks), np.float32), counts, xp_ if seen is None else seen,
+                               *tail_args(y, positions, counters, embed, x), inv_t, *span, greedy, seen is not None))
+    return y
