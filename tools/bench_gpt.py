@@ -35,8 +35,7 @@ def ours_decode(model: GPT, batch: int, prompt: int, steps: int, sampling: Sampl
     with cupy.cuda.Stream(non_blocking=True) as stream:
         sampler = Sampler(sampling, cupy, batch, model.config.vocab_size, seed=0)
         decode, _, _, logits = prompted_decoder(model, batch, prompt, prompt + steps + 1, sampler)
-        u = sampler.uniforms(1)
-        first = sampler(logits, None if u is None else cupy.asarray(u[0])).get()
+        first = sampler.pick(logits).get()
         stream.synchronize()
         t = time.perf_counter()
         n = sum(1 for _ in decode.tokens(first, np.full(batch, prompt), steps))

@@ -99,11 +99,11 @@ def test_sampled_chain_on_the_device_equals_stepwise_sampling(tmp_path, poisoned
         decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, graphed), graphed, ours)
         ours.start(prompts)
         ref_sampler.start(prompts)
-        first = ours(logits, cupy.asarray(ours.uniforms(1)[0])).get()
+        first = ours.pick(logits).get()
         got = [first] + list(decode.tokens(first, np.array([4, 4]), 19))
-        ref = [ref_sampler(logits, cupy.asarray(ref_sampler.uniforms(1)[0])).get()]
+        ref = [ref_sampler.pick(logits).get()]
         for i in range(19):
             step = model.forward(cupy.asarray(ref[-1])[:, None], cupy.full((2, 1), 4 + i), plain)
-            ref.append(ref_sampler(step, cupy.asarray(ref_sampler.uniforms(1)[0])).get())
+            ref.append(ref_sampler.pick(step).get())
     np.testing.assert_array_equal(np.array(got), np.array(ref))
     assert cupy.array_equal(ours.seen, ref_sampler.seen) and len(set(np.array(got).ravel())) > 5

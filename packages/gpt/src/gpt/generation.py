@@ -70,8 +70,7 @@ def generate(model: GPT, tokenizer, prompts: list, max_new_tokens: int, sampling
 def _tokens(decode, sampler: Sampler, logits, lengths, max_new_tokens):
     """The chosen ids (B,) of every step: the first from the prompt's logits, the rest from
     the decoder's steps, all picked on the logits' device (only the ids come back)."""
-    u = sampler.uniforms(1)
-    tok = sampler(logits, None if u is None else sampler.xp.asarray(u[0]))
+    tok = sampler.pick(logits)
     tok = tok.get() if hasattr(tok, "get") else tok
     yield tok
     yield from decode.tokens(tok, lengths, max_new_tokens - 1)

@@ -253,8 +253,7 @@ class PlainDecoder:
             self.cache.begin(1)
             logits = self.step(step_input(np.asarray(ids).reshape(-1, 1), positions + s, self.table, self.pos_table))
             self.cache.length += 1
-            u = self.sampler.uniforms(1)
-            ids = self.sampler(logits, None if u is None else u[0])
+            ids = self.sampler.pick(logits)
             yield ids
 
 

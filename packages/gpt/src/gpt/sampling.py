@@ -60,6 +60,12 @@ class Sampler:
         """The next `steps` steps' uniforms, (steps, B) float32 in [0, 1); None when greedy."""
         return self.rng.random((steps, self.batch), dtype=np.float32) if self.draws else None
 
+    def pick(self, logits):
+        """The next step's token ids (B,) from logits (B, V) on their device, drawing that
+        step's uniforms (a step outside a decode graph: the prompt's first token, CPU steps)."""
+        u = self.uniforms(1)
+        return self(logits, None if u is None else self.xp.asarray(u[0]))
+
     def __call__(self, logits, uniforms=None, **tail):
         """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when
         greedy); tail: the op's out, positions, counters and embed."""

@@ -115,9 +115,7 @@ def argmax(x, out=None, *, positions=None, counters=None, embed=None):
     y (rows, C) float32): y[r] = table[index r] (+ pos_table[positions[r]], advanced), the
     next step's input.
     """
-    kind = backend(x=x, out=out, positions=positions, counters=counters,
-                   **({} if embed is None else {"embed table": embed[0], "embed pos_table": embed[1],
-                                                "embed out": embed[2]}))
+    kind = backend(x=x, **tail_arrays(out, positions, counters, embed))
     check("x", x, ndim=tuple(range(1, 8)))
     if x.shape[-1] == 0:
         raise ValueError(f"x: expected a non-empty last axis, got shape {tuple(x.shape)}")
@@ -144,6 +142,14 @@ def argmax(x, out=None, *, positions=None, counters=None, embed=None):
                (x2, pv, pi, last_block_counters(rows), *tail_args(y.reshape(rows), positions, counters, embed, x2),
                 tile, next_pow2(chunks)))
     return y
+
+
+def tail_arrays(out, positions, counters, embed) -> dict:
+    """A step tail's arrays by the names its errors use (for backend), argmax's and sample's."""
+    named = {"out": out, "positions": positions, "counters": counters}
+    if embed is not None:
+        named.update({"embed table": embed[0], "embed pos_table": embed[1], "embed out": embed[2]})
+    return named
 
 
 def tail_reference(y: np.ndarray, out, positions, counters, embed) -> np.ndarray:

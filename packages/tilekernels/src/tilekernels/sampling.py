@@ -19,7 +19,7 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch, \
     next_pow2, reset_count
-from .argmax import argmax, check_tail, chunk_tile, step_tail, tail_args, tail_reference
+from .argmax import argmax, check_tail, chunk_tile, step_tail, tail_args, tail_arrays, tail_reference
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -227,9 +227,7 @@ def sample(x, uniforms=None, *, temperature: float = 1.0, top_k: int = 0, top_p:
     by inverse CDF in vocabulary order. out, positions, counters, embed: as argmax's, the rest
     of a decode step in the same launches.
     """
-    kind = backend(x=x, uniforms=uniforms, seen=seen, out=out, positions=positions, counters=counters,
-                   **({} if embed is None else {"embed table": embed[0], "embed pos_table": embed[1],
-                                                "embed out": embed[2]}))
+    kind = backend(x=x, uniforms=uniforms, seen=seen, **tail_arrays(out, positions, counters, embed))
     check("x", x, ndim=2)
     rows, n = x.shape
     if n == 0:
