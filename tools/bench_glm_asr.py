@@ -7,13 +7,15 @@ Full-size config with random weights in a checkpoint of bfloat16 values as the h
 ours keeps the bfloat16 matrices as such on the GPU, transformers widens them); 5 s, 30 s and
 120 s of synthetic audio; each 30 s window is one request generating exactly 64 tokens
 (end-of-sequence ignored) on both sides. 'total' is end to end, samples to tokens, one pass:
-glm_asr.transcribe's window loop on our side, the feature extractor and generate() per window
-on transformers' ('total_first_run': our first pass at that length, which pays cuTile's
-compiles and the graph captures). Stages, timed apart on a further pass: features, encoder,
-projector, prefill (ours replayed from its graph as greedy runs it), decode (greedy minus
-prefill, in tokens/s over the 63 steps after the prefill's token). Then 32 different 30 s
-files transcribed one after another as glm_asr.transcribe does (windows encoded 8 at a time,
-greedy decode per window), reported as times real time.
+glm_asr.pipeline's window loop (window_tokens) through one tilekernels.runtime.ModelRunner on
+our side, the feature extractor and generate() per window on transformers' ('total_first_run':
+our first pass at that length, which pays cuTile's compiles and the graph captures). Stages,
+timed apart on a further pass: features, encoder, projector, prefill (ours: the runner's
+prompt pass to its first token, the prompt's embeddings built, the prefill replayed from its
+graph and the first token picked on the device), decode (one window's whole greedy request
+minus that prefill, in tokens/s over the 63 steps after the prefill's token). Then 32
+different 30 s files transcribed one after another as glm_asr.transcribe does (windows encoded
+8 at a time, greedy decode per window), reported as times real time.
 """
 from __future__ import annotations
 
@@ -21,21 +23,19 @@ import argparse
 import time
 
 import cupy
-import torch
 
-from benchlib import gpu_name, markdown_table, versions, write_result
+from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, synthetic_speechlike,
+                      versions, write_result)
 from glm_asr.features import windows
-from glm_asr.model import GlmAsr
-from gpt.graph import device_stream
-from glm_asr.transcribe import window_tokens
-from parity_glm_asr import prompt_ids, random_checkpoint, synthetic_speechlike
+from glm_asr.pipeline import decode, window_tokens
+from tilekernels.runtime import ModelRunner
 
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
 NEW = 64
 
 
 def clock(fn):
+    import torch
+
     cupy.cuda.Device().synchronize()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -45,7 +45,18 @@ def clock(fn):
     return out, (time.perf_counter() - t) * 1e3
 
 
-def ours_run(m: GlmAsr, audio):
+def first_token(runner: ModelRunner, ids: list[int], audio_embeds):
+    """The runner's prompt pass alone: the prompt's embeddings, the prefill (replayed from its
+    graph once captured) and the first token picked, as every request starts."""
+    tokens = runner.tokens(runner.model.prompt_embeds(ids, audio_embeds)[None], [ids], NEW)
+    try:
+        return next(tokens)
+    finally:
+        tokens.close()          # no decode steps
+
+
+def ours_run(runner: ModelRunner, audio):
+    m = runner.model
     st = {}
     wins, st["features"] = clock(lambda: windows(audio, xp=cupy))
     feats = cupy.stack([w.features for w in wins])
@@ -53,29 +64,32 @@ def ours_run(m: GlmAsr, audio):
     emb, st["projector"] = clock(lambda: m.project(states))
     st["prefill"] = st["decode"] = 0.0
     for j, w in enumerate(wins):
-        ids = prompt_ids(m.config, w.tokens)
-        with device_stream(cupy):
-            _, t_prefill = clock(lambda: m.prefill(ids, emb[j, : w.tokens], NEW))      # as greedy runs it
-        _, t_all = clock(lambda: m.greedy(ids, emb[j, : w.tokens], NEW, eos=()))   # prefill + 64 tokens
+        ids = glm_prompt_ids(m.config, w.tokens)
+        _, t_prefill = clock(lambda: first_token(runner, ids, emb[j, : w.tokens]))
+        out, t_all = clock(lambda: decode(runner, ids, emb[j, : w.tokens], NEW, ignore_eos=True))  # prefill + 63 steps
+        assert len(out) == NEW, len(out)
         st["prefill"] += t_prefill
         st["decode"] += t_all - t_prefill
     return st, len(wins)
 
 
-def ours_transcribe(m: GlmAsr, audio) -> int:
-    """Samples to tokens with glm_asr.transcribe's window loop; returns the tokens generated."""
-    runs = window_tokens(m, windows(audio, xp=cupy), lambda n: prompt_ids(m.config, n), NEW, eos=())
+def ours_transcribe(runner: ModelRunner, audio) -> int:
+    """Samples to tokens with glm_asr.pipeline's window loop; returns the tokens generated."""
+    runs = window_tokens(runner, windows(audio, xp=cupy), lambda n: glm_prompt_ids(runner.model.config, n), NEW,
+                         ignore_eos=True)
     return sum(len(tokens) for _, tokens in runs)
 
 
 def hf_inputs(hf, fe, chunk):
     """(ids, features, mask) of one 30 s window for transformers, and the feature time (ms)."""
+    import torch
+
     inputs, t = clock(lambda: fe(chunk, sampling_rate=16000, return_tensors="pt", return_attention_mask=True))
     feats = inputs["input_features"].cuda()
     mask = inputs["attention_mask"].cuda()
     frames = int(mask.sum())
     n_audio = ((frames - 1) // 2 + 1 - 4) // 4 + 1
-    return torch.tensor([prompt_ids(hf.config, n_audio)], device="cuda"), feats, mask, t
+    return torch.tensor([glm_prompt_ids(hf.config, n_audio)], device="cuda"), feats, mask, t
 
 
 def hf_chunks(audio):
@@ -84,6 +98,8 @@ def hf_chunks(audio):
 
 def hf_transcribe(hf, fe, audio) -> int:
     """Samples to NEW tokens per window with transformers (features, then generate)."""
+    import torch
+
     n = 0
     for chunk in hf_chunks(audio):
         ids, feats, mask, _ = hf_inputs(hf, fe, chunk)
@@ -95,6 +111,8 @@ def hf_transcribe(hf, fe, audio) -> int:
 
 
 def hf_run(hf, fe, audio):
+    import torch
+
     st = {"features": 0.0, "encoder": 0.0, "projector": 0.0, "prefill": 0.0, "decode": 0.0}
     for chunk in hf_chunks(audio):
         ids, feats, mask, t = hf_inputs(hf, fe, chunk)
@@ -137,22 +155,26 @@ def main():
         ap.error(f"--files: expected 0 or more, got {args.files}")
     import tempfile
 
+    import torch
     from transformers import WhisperFeatureExtractor
 
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
     with tempfile.TemporaryDirectory() as tmp:
-        hf, ours = random_checkpoint(tmp, args.weights)
+        hf, ours = random_glm_asr_checkpoint(tmp, args.weights)
+    runner = ModelRunner(ours)      # its KV cache and captured graphs serve every request, as in transcription
     fe = WhisperFeatureExtractor(feature_size=128)
     rows = []
     warm = synthetic_speechlike(3.0)
-    ours_run(ours, warm)
+    ours_run(runner, warm)
     hf_run(hf, fe, warm)
     for seconds in args.lengths:
         audio = synthetic_speechlike(seconds)
-        _, cold = clock(lambda: ours_transcribe(ours, audio))    # first run: compiles new shapes, captures graphs
-        n_ours, total_o = clock(lambda: ours_transcribe(ours, audio))
+        _, cold = clock(lambda: ours_transcribe(runner, audio))    # first run: compiles new shapes, captures graphs
+        n_ours, total_o = clock(lambda: ours_transcribe(runner, audio))
         n_hf, total_h = clock(lambda: hf_transcribe(hf, fe, audio))
         assert n_ours == n_hf, (n_ours, n_hf)
-        o, n_win = ours_run(ours, audio)
+        o, n_win = ours_run(runner, audio)
         h = hf_run(hf, fe, audio)
         rows.append({"audio_s": seconds, "stage": "total_first_run", "ours_ms": round(cold, 1)})
         for stage in ("features", "encoder", "projector", "prefill", "decode"):
@@ -167,8 +189,8 @@ def main():
         print(rows[-1], flush=True)
     if args.files:
         files = [synthetic_speechlike(30.0, seed=s) for s in range(args.files)]
-        ours_transcribe(ours, files[0])
-        tokens, ms = clock(lambda: sum(ours_transcribe(ours, a) for a in files))
+        ours_transcribe(runner, files[0])
+        tokens, ms = clock(lambda: sum(ours_transcribe(runner, a) for a in files))
         rows.append({"audio_s": args.files * 30, "stage": f"{args.files} files x 30 s, total", "ours_ms": round(ms, 1),
                      "ours_times_real_time": round(args.files * 30 / (ms / 1e3), 1), "tokens": tokens})
         print(rows[-1], flush=True)

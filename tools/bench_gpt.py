@@ -18,13 +18,11 @@ import time
 
 import cupy
 import numpy as np
-import torch
 
 from benchlib import gpu_name, markdown_table, prompted_decoder, time_ms, versions, write_result
 from gpt.model import GPT
-from gpt.sampling import GREEDY, Sampler, Sampling
+from tilekernels.runtime import GREEDY, Sampler, Sampling
 
-torch.backends.cuda.matmul.allow_tf32 = True
 CONFIGS = {"gpt2": dict(n_embd=768, n_layer=12, n_head=12), "gpt2-medium": dict(n_embd=1024, n_layer=24, n_head=16)}
 SAMPLINGS = {"greedy": GREEDY, "T 0.8, top-k 200 (gpt.generate's default)": Sampling(0.8, 200),
              "T 0.8, top-k 50, top-p 0.9, penalty 1.2": Sampling(0.8, 50, 0.9, 1.2)}
@@ -44,6 +42,8 @@ def ours_decode(model: GPT, batch: int, prompt: int, steps: int, sampling: Sampl
 
 
 def hf_decode(hf, batch: int, prompt: int, steps: int, sampling: Sampling = GREEDY, **extra) -> float:
+    import torch
+
     ids = torch.randint(0, 50257, (batch, prompt), device="cuda")
     s = sampling
     how = dict(do_sample=False, repetition_penalty=s.repetition_penalty) if s.temperature == 0 else dict(
@@ -72,7 +72,10 @@ def main():
     import tempfile
     from pathlib import Path
 
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.backends.cuda.matmul.allow_tf32 = True
 
     rows = []
     for name, dims in CONFIGS.items():

@@ -14,15 +14,10 @@ from __future__ import annotations
 import argparse
 
 import cupy
-import torch
-import torch.nn.functional as F
 
 import tilekernels as tk
 from benchlib import (first_call_ms, gpu_name, graph_ms_cupy, graph_ms_torch, markdown_table, time_ms,
                       versions, write_result)
-
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
 
 
 def rand(*shape, scale=1.0):
@@ -34,12 +29,16 @@ _TORCH = {}
 
 def T(a):
     """The same memory as a torch tensor (converted once: no conversion inside a capture)."""
+    import torch
+
     if id(a) not in _TORCH:
         _TORCH[id(a)] = (a, torch.from_dlpack(a))
     return _TORCH[id(a)][1]
 
 
 def rooflines():
+    import torch
+
     src = cupy.empty(256 * 2**20, dtype=cupy.float32)
     dst = cupy.empty_like(src)
     ms = time_ms(lambda: dst.__setitem__(Ellipsis, src))
@@ -54,6 +53,11 @@ def main():
     ap.add_argument("--out", help="output folder (default benchmarks/results)")
     ap.add_argument("--quick", action="store_true", help="a few shapes only")
     args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
     copy_gbps, tf32 = rooflines()
     rows = []
 

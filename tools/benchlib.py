@@ -1,7 +1,9 @@
-"""Shared pieces of the GPU benchmark and parity tools: timing, versions, result files."""
+"""Shared pieces of the GPU benchmark, parity and profiling tools: timing, versions, result
+files, and the random models and inputs more than one tool builds (tools import nothing from
+each other, only this module). Heavy imports (cupy, torch, transformers) happen inside the
+functions, so every tool's --help works on a machine without them."""
 from __future__ import annotations
 
-import itertools
 import json
 import platform
 import statistics
@@ -55,19 +57,116 @@ def random_gpt2():
 def prompted_decoder(model, batch: int, prompt: int, capacity: int, sampler=None):
     """(DecodeGraph, its cache, the prompt ids (batch, prompt), the prompt's logits): a cache of
     `capacity` positions holding a random prompt (seed 0), as the decode timings start from,
-    its tokens picked by sampler (greedy by default; started on the prompt here).
-    Call it under the non-default stream the decoder will run on."""
+    its tokens picked by sampler (greedy by default; started here on the prompt, its draws
+    from seed 0). Call it under the non-default stream the decoder will run on."""
     import cupy
     import numpy as np
 
-    from gpt.graph import DecodeGraph
+    from tilekernels.runtime import DecodeGraph
 
     ids = np.random.default_rng(0).integers(0, 50257, (batch, prompt))
     cache = model.new_cache(batch, capacity)
     logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
     decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache, sampler)
-    decode.sampler.start(ids.tolist())
+    decode.sampler.start(ids.tolist(), 0)
     return decode, cache, ids, logits
+
+
+def synthetic_speechlike(seconds: float, seed: int = 0):
+    """Harmonic tones with a syllable-rate envelope and noise: deterministic, non-trivial audio
+    (16 kHz float32 samples)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16000 * seconds)) / 16000
+    f0 = 120 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    x = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / 16000) / k for k in range(1, 6))
+    x *= 0.5 * (1 + np.sin(2 * np.pi * 4 * t)) * 0.2
+    return (x + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+
+
+def glm_prompt_ids(cfg, n_audio: int) -> list[int]:
+    """GLM-ASR's transcription prompt's shape with fixed ids (no tokenizer needed): cfg is our
+    GlmAsrConfig or transformers' (both have audio_token_id)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    user, assistant, boa, eoa, nl = 59253, 59254, 59256, 59257, 10
+    text = rng.integers(100, 50000, 8).tolist()
+    return [user, nl, boa] + [cfg.audio_token_id] * n_audio + [eoa, user, nl] + text + [assistant, nl]
+
+
+def random_glm_asr_checkpoint(directory: str, weights: str):
+    """transformers' GLM-ASR at full size with seeded random weights, saved to `directory` in
+    bfloat16 ('bf16', the hub checkpoint's dtype) or float32; returned in float32 on the GPU
+    (bfloat16 values widen exactly), as (model, our GlmAsr loaded from the directory)."""
+    import torch
+    from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration
+
+    from glm_asr.model import GlmAsr
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = GlmAsrForConditionalGeneration(GlmAsrConfig()).float().eval()
+    state = None
+    if weights == "bf16":   # round the parameters only: buffers (RoPE frequencies) stay float32
+        with torch.no_grad():
+            for p in hf.parameters():
+                p.copy_(p.to(torch.bfloat16))
+        state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
+    hf.save_pretrained(directory, state_dict=state, safe_serialization=True)
+    return hf, GlmAsr.load(Path(directory), "gpu")
+
+
+def rand(*shape):
+    """N(0, 0.02^2) float32 on the GPU."""
+    import cupy
+
+    return cupy.random.standard_normal(shape, dtype=cupy.float32) * 0.02
+
+
+def random_glm_asr(encoder: bool = False, weights: str = "bf16"):
+    """GLM-ASR-Nano at full size with weights drawn on the GPU, stored as GlmAsr.to leaves
+    them: the text decoder's matrices of bfloat16 values in bfloat16 (weights='bf16', the hub
+    checkpoint's dtype) or float32 ones ('fp32'), RMSNorms with their weight, the encoder in
+    float32 with its LayerNorms folded; the audio encoder and projector only when asked."""
+    import cupy
+    from transformers import GlmAsrConfig
+
+    import tilekernels as tk
+    from glm_asr.config import GlmAsrConfig as Config
+    from glm_asr.model import GlmAsr
+
+    def mat(*shape):
+        m = rand(*shape)
+        return tk.compact((m.view(cupy.uint32) & 0xFFFF0000).view(cupy.float32)) if weights == "bf16" else m
+
+    cfg = Config.from_hf(GlmAsrConfig().to_dict())
+    d, e = cfg.decoder, cfg.encoder
+    n, hd = d.hidden_size, d.head_dim
+
+    def rms():
+        return tk.RMSNorm(rand(n) + 1, d.rms_norm_eps)
+    w = {"decoder": [tk.Block(rms(), (mat((d.num_heads + 2 * d.num_kv_heads) * hd, n), None),
+                              (mat(n, d.num_heads * hd), None), rms(), (mat(2 * d.intermediate_size, n), None),
+                              (mat(n, d.intermediate_size), None), "swiglu")
+                     for _ in range(d.num_layers)],
+         "embed": mat(d.vocab_size, n), "norm": rms(), "lm_head": mat(d.vocab_size, n)}
+    if encoder:
+        c, inner = e.hidden_size, e.intermediate_size
+        ln = tk.LayerNorm(None, None)
+
+        def lin_(n_out, n_in):
+            return rand(n_out, n_in), rand(n_out)
+        w["encoder"] = [tk.Block(ln, lin_((e.num_heads + 2 * e.num_kv_heads) * e.head_dim, c),
+                                 lin_(c, e.num_heads * e.head_dim), ln, lin_(inner, c), lin_(c, inner), e.activation)
+                        for _ in range(e.num_layers)]
+        w["conv1"] = rand(c, e.num_mel_bins, 3), rand(c)
+        w["conv2"] = rand(c, c, 3), rand(c)
+        w["enc_norm"] = tk.LayerNorm(rand(c) + 1, rand(c))
+        w["proj1"] = lin_(2 * n, inner)
+        w["proj2"] = lin_(n, 2 * n)
+    return GlmAsr(cfg, w)
 
 
 def time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
@@ -112,23 +211,6 @@ def graph_ms_cupy(fn, inner: int = 20, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-def copies_for(nbytes: int) -> int:
-    """How many copies of nbytes of operands make 256 MB (five times an H100's L2), at least 2."""
-    return max(2, -(-(256 << 20) // nbytes))
-
-
-def rotating_ms(inputs: list, fn) -> float:
-    """Per-call device ms of fn(item) chained over the distinct operand copies `inputs` in one
-    CUDA graph (graph_ms_cupy), so every call reads its operands from HBM; frees them after."""
-    import cupy
-
-    calls = itertools.cycle(inputs)
-    ms = graph_ms_cupy(lambda: fn(next(calls)), inner=len(inputs), reps=5)
-    inputs.clear()
-    cupy.get_default_memory_pool().free_all_blocks()
-    return ms
-
-
 def graph_ms_torch(fn, inner: int = 20, reps: int = 10) -> float:
     """graph_ms_cupy for torch code (torch.cuda.graph capture)."""
     import torch
@@ -164,13 +246,6 @@ def first_call_ms(fn) -> float:
     fn()
     cupy.cuda.get_current_stream().synchronize()
     return (time.perf_counter() - t) * 1e3
-
-
-def torch_stream_sync():
-    """Make torch and cupy share the default stream ordering (both use the legacy stream)."""
-    import torch
-
-    torch.cuda.synchronize()
 
 
 def write_result(name: str, payload: dict, out_dir: str | None, markdown: str | None = None) -> Path:

@@ -1,6 +1,7 @@
-"""GLM-ASR parity against transformers' GlmAsrForConditionalGeneration (GPU host).
+"""GLM-ASR parity against transformers' GlmAsrForConditionalGeneration (GPU host; --cpu: any host).
 
-    python tools/parity_glm_asr.py [--out DIR] [--seconds 12] [--weights bf16|fp32]
+    python tools/parity_glm_asr.py [--out DIR] [--seconds 12] [--tokens 32] [--weights bf16|fp32]
+    python tools/parity_glm_asr.py --cpu        # needs torch and transformers>=5, no GPU
 
 Builds the model from the full-size default config (GLM-ASR-Nano dimensions) with seeded
 random weights, saves it with save_pretrained (safetensors) in bfloat16 as the hub checkpoint
@@ -8,11 +9,18 @@ is published (--weights fp32: in float32), loads it with our loader onto the GPU
 checkpoint's matrices stay bfloat16 there), runs transformers on it in float32, and for the
 same synthetic audio compares: input features with
 WhisperFeatureExtractor(feature_size=128) (max abs diff, bound 1e-4), prefill logits
-(relative error, bound 1e-3), and 32 greedy tokens (must be identical).
+(relative error, bound 1e-3), and 32 greedy tokens (must be identical; ours through
+tilekernels.runtime's ModelRunner, as transcription decodes).
 transformers runs in full fp32 (TF32 off), so the error measured is ours alone. Our logits
 are measured at both matmul precisions: 'highest' (3xTF32, fp32-accurate) is the one held
 to the bound; 'high' (TF32, the default) is reported next to transformers' own TF32 drift
 (the same model with TF32 allowed against itself without), which is the scale TF32 can reach.
+
+--cpu: stage-by-stage exactness of our model's math on the CPU instead (numpy reference
+kernels against torch in fp32, nothing written): a small GlmAsrConfig with random weights
+(std 0.2, so every stage matters), 6 s of audio; encoder states, projector output and
+prefill logits should agree to ~1e-6, which separates the model's math from the GPU run's
+TF32 rounding. The other options do not apply.
 """
 from __future__ import annotations
 
@@ -21,55 +29,57 @@ import sys
 import tempfile
 from pathlib import Path
 
-import cupy
 import numpy as np
-import torch
 
 import tilekernels as tk
 
-from benchlib import gpu_name, versions, write_result
+from benchlib import glm_prompt_ids, gpu_name, random_glm_asr_checkpoint, synthetic_speechlike, versions, write_result
 from glm_asr.features import audio_tokens, log_mel, valid_frames
 from glm_asr.model import GlmAsr
-
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.backends.cudnn.allow_tf32 = False
-
-
-def synthetic_speechlike(seconds: float, seed: int = 0) -> np.ndarray:
-    """Harmonic tones with a syllable-rate envelope and noise: deterministic, non-trivial audio."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(16000 * seconds)) / 16000
-    f0 = 120 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    x = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / 16000) / k for k in range(1, 6))
-    x *= 0.5 * (1 + np.sin(2 * np.pi * 4 * t)) * 0.2
-    return (x + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+from glm_asr.pipeline import decode
+from tilekernels.runtime import ModelRunner
 
 
-def prompt_ids(cfg, n_audio: int) -> list[int]:
-    """The transcription prompt's shape with fixed ids (the real tokenizer is not needed here)."""
-    rng = np.random.default_rng(1)
-    user, assistant, boa, eoa, nl = 59253, 59254, 59256, 59257, 10
-    text = rng.integers(100, 50000, 8).tolist()
-    return [user, nl, boa] + [cfg.audio_token_id] * n_audio + [eoa, user, nl] + text + [assistant, nl]
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
 
 
-def random_checkpoint(directory: str, weights: str):
-    """transformers' GLM-ASR at full size with seeded random weights, saved to `directory` in
-    bfloat16 ('bf16', the hub checkpoint's dtype) or float32; returned in float32 on the GPU
-    (bfloat16 values widen exactly), as (model, our GlmAsr loaded from the directory)."""
+def cpu_parity() -> None:
+    """--cpu: a small random GLM-ASR, ours (numpy) against transformers (torch fp32), stage by stage."""
+    import torch
     from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration
 
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        hf = GlmAsrForConditionalGeneration(GlmAsrConfig()).float().eval()
-    state = None
-    if weights == "bf16":   # round the parameters only: buffers (RoPE frequencies) stay float32
-        with torch.no_grad():
-            for p in hf.parameters():
-                p.copy_(p.to(torch.bfloat16))
-        state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
-    hf.save_pretrained(directory, state_dict=state, safe_serialization=True)
-    return hf, GlmAsr.load(Path(directory), "gpu")
+    cfg = GlmAsrConfig(audio_config=dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=4),
+                       text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=60000))
+    hf = GlmAsrForConditionalGeneration(cfg).float().eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0, 0.2)
+    with tempfile.TemporaryDirectory() as d:
+        hf.save_pretrained(d)
+        ours = GlmAsr.load(Path(d), "cpu")
+    audio = synthetic_speechlike(6.0)
+    feat = log_mel(audio)
+    frames = valid_frames(len(audio))
+    n = audio_tokens(frames)
+    ids = glm_prompt_ids(ours.config, n)
+    core = getattr(hf, "model", hf)
+    with torch.no_grad():
+        ft = torch.tensor(feat[None])
+        states = core.audio_tower(ft).last_hidden_state
+        proj = core.multi_modal_projector(states.reshape(1, -1, cfg.audio_config.intermediate_size))
+        mask = torch.zeros(1, 3000, dtype=torch.long)
+        mask[0, :frames] = 1
+        logits = hf(input_ids=torch.tensor([ids]), input_features=ft, input_features_mask=mask).logits[0, -1]
+    our_states = ours.audio_tower(feat[None])
+    print(f"encoder states rel err {rel_err(our_states, states.double().numpy()):.2e}")
+    print(f"projector      rel err {rel_err(ours.project(our_states), proj.double().numpy()):.2e}")
+    emb = ours.encode(feat[None])[0, :n]
+    got = ours.forward(ours.prompt_embeds(ids, emb)[None], ours.new_cache(1, len(ids)))[0]
+    print(f"prefill logits rel err {rel_err(got, logits.double().numpy()):.2e}")
 
 
 def main():
@@ -78,8 +88,17 @@ def main():
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="the checkpoint's dtype")
+    ap.add_argument("--cpu", action="store_true",
+                    help="stage-by-stage exactness of a small model on the CPU instead (no GPU; nothing written)")
     args = ap.parse_args()
+    if args.cpu:
+        return cpu_parity()
+    import cupy
+    import torch
     from transformers import WhisperFeatureExtractor
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
     audio = synthetic_speechlike(args.seconds)
     fe = WhisperFeatureExtractor(feature_size=128)
@@ -89,10 +108,10 @@ def main():
     print(f"features: max abs diff {feat_diff:.2e}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        hf, ours = random_checkpoint(tmp, args.weights)
+        hf, ours = random_glm_asr_checkpoint(tmp, args.weights)
     frames = valid_frames(len(audio))
     n_audio = audio_tokens(frames)
-    ids = prompt_ids(ours.config, n_audio)
+    ids = glm_prompt_ids(ours.config, n_audio)
     feats = torch.tensor(ours_feat[None], device="cuda")
     mask = torch.zeros(1, 3000, dtype=torch.long, device="cuda")
     mask[0, :frames] = 1
@@ -106,18 +125,19 @@ def main():
         hf_tf32_rel = float(np.linalg.norm(hf_tf32.double().cpu().numpy() - ref_logits) / np.linalg.norm(ref_logits))
         hf_tokens = hf.generate(input_ids=input_ids, input_features=feats, input_features_mask=mask,
                                 max_new_tokens=args.tokens, do_sample=False)[0, len(ids):].tolist()
+
     def prefill(precision: str):
         """(prefill logits rel err, audio embeddings) at a matmul precision."""
         tk.set_matmul_precision(precision)
         emb = ours.encode(cupy.asarray(ours_feat[None]))[0, :n_audio]
-        got = cupy.asnumpy(ours.forward(ours.embed(np.array(ids), emb), ours.new_cache(len(ids))))[0]
-        return float(np.linalg.norm(got.astype(np.float64) - ref_logits) / np.linalg.norm(ref_logits)), emb
+        got = cupy.asnumpy(ours.forward(ours.prompt_embeds(ids, emb)[None], ours.new_cache(1, len(ids))))[0]
+        return rel_err(got, ref_logits), emb
 
     rel_tf32, _ = prefill("high")
     rel, emb = prefill("highest")          # the greedy tokens below run at 'highest' too
     eos = set(ours.config.eos_token_ids)
     hf_tokens = hf_tokens[: next((i for i, t in enumerate(hf_tokens) if t in eos), len(hf_tokens))]
-    our_tokens = ours.greedy(ids, emb, args.tokens)
+    our_tokens = decode(ModelRunner(ours), ids, emb, args.tokens)
     same = our_tokens == hf_tokens
     print(f"prefill logits rel err {rel:.2e} (highest), {rel_tf32:.2e} (high, TF32; transformers' own TF32 "
           f"drift {hf_tf32_rel:.2e}); {len(hf_tokens)} greedy tokens identical (highest): {same}")

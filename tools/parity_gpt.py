@@ -16,17 +16,16 @@ from pathlib import Path
 
 import cupy
 import numpy as np
-import torch
 
 from benchlib import gpu_name, versions, write_result
 from gpt.generation import generate
 from gpt.model import GPT
-from gpt.sampling import Sampling
-
-torch.backends.cuda.matmul.allow_tf32 = True
+from tilekernels.runtime import GREEDY
 
 
 def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int = 64) -> dict:
+    import torch
+
     ours = GPT.load(directory, "gpu")
     ids = torch.tensor([prompt], device="cuda")
     with torch.no_grad():
@@ -37,7 +36,7 @@ def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int =
     got = cupy.asnumpy(ours.forward(cupy.asarray([prompt]), cupy.arange(len(prompt))[None], cache,
                                     last_only=False))[0].astype(np.float64)
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-    out = generate(ours, None, [prompt], new_tokens, Sampling(temperature=0.0))[0].tokens
+    out = generate(ours, None, [prompt], new_tokens, GREEDY)[0].tokens
     eos = ours.config.eos_token_id
     hf_tokens = hf_tokens[: hf_tokens.index(eos)] if eos in hf_tokens else hf_tokens
     row = {"model": name, "prompt_tokens": len(prompt), "logits_rel_err": rel, "rel_err_bound": 1e-3,
@@ -54,8 +53,10 @@ def main():
                                               "packages/gpt/src/gpt/data/shakespeare"))
     ap.add_argument("--out")
     args = ap.parse_args()
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    torch.backends.cuda.matmul.allow_tf32 = True
     rows = []
     torch.manual_seed(0)
     hf = GPT2LMHeadModel(GPT2Config()).cuda().eval()        # the gpt2 (124M) configuration

@@ -2,7 +2,7 @@
 
     python tools/profile_prefill.py [--windows 1] [--prompt 450] [--weights bf16|fp32] [--out DIR]
 
-Full size, random weights (see profile_decode.random_glm_asr). Each stage, after a warm-up call: its wall time run eagerly (each
+Full size, random weights (benchlib.random_glm_asr). Each stage, after a warm-up call: its wall time run eagerly (each
 kernel launched from Python) and replayed from a CUDA graph (as transcription runs the encoder
 and the prefill), the sum of its kernels' device time (torch.profiler's CUDA activity, eager,
 dependent launch off) and its kernels by total device time. An eager wall time well above the
@@ -14,12 +14,10 @@ import argparse
 import time
 
 import cupy
-from torch.profiler import ProfilerActivity, profile
 
-import tilekernels._arrays as tk_arrays
-from benchlib import gpu_name, versions, write_result
-from gpt.graph import ShapeGraphs
-from profile_decode import rand, random_glm_asr
+import tilekernels as tk
+from benchlib import gpu_name, rand, random_glm_asr, versions, write_result
+from tilekernels.runtime import ShapeGraphs
 
 
 def wall_ms(fn) -> float:
@@ -35,13 +33,14 @@ def wall_ms(fn) -> float:
 def stage(eager, graph) -> dict:
     """Wall times of the eager and the graph-replayed stage, and the eager stage's kernels (with
     dependent launch off, so that no kernel's time includes waiting for the one before it)."""
+    from torch.profiler import ProfilerActivity, profile
+
     result = {"wall_ms": round(wall_ms(eager), 2), "graph_wall_ms": round(wall_ms(graph), 2)}
-    tk_arrays.DEPENDENT_LAUNCH = False
-    eager()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with tk.dependent_launch(False):
         eager()
-        cupy.cuda.Device().synchronize()
-    tk_arrays.DEPENDENT_LAUNCH = True
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            eager()
+            cupy.cuda.Device().synchronize()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
     kernels = [{"name": e.key[:60], "calls": e.count, "us_per_call": round(e.device_time_total / e.count, 2),
                 "ms_total": round(e.device_time_total / 1e3, 3)} for e in events if e.device_time_total > 0]
@@ -62,7 +61,7 @@ def main():
     feats = rand(args.windows, e.num_mel_bins, 3000) * 50
     states = model.audio_tower_eager(feats)
     x = rand(1, args.prompt, d.hidden_size)
-    cache = model.new_cache(args.prompt)
+    cache = model.new_cache(1, args.prompt)
     step = ShapeGraphs(lambda x: model.step(x, cache))
 
     def prefill_eager():

@@ -17,7 +17,6 @@ import re
 import time
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 
@@ -58,6 +57,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=1337)
     args = ap.parse_args()
+    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(args.seed)

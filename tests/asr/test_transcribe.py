@@ -7,7 +7,7 @@ from asr_cli import cli
 
 from glm_asr.model import GlmAsr
 from glm_asr.transcribe import Transcriber
-from gpt.checkpoint import CheckpointError, load_tensors
+from tilekernels.runtime import CheckpointError, load_tensors
 
 
 def test_prompt_construction(tiny):
@@ -38,8 +38,8 @@ def test_untied_head_and_decoder_cache(tiny):
     np.testing.assert_array_equal(m.w["lm_head"], t["language_model.lm_head.weight"])
     np.testing.assert_array_equal(m.w["norm"].weight, t["language_model.model.norm.weight"])
     x = m.w["embed"][np.array([[3, 9, 27, 81]])]
-    full = m.forward(x, m.new_cache(8))
-    cache = m.new_cache(8)
+    full = m.forward(x, m.new_cache(1, 8))
+    cache = m.new_cache(1, 8)
     m.forward(x[:, :2], cache)
     m.forward(x[:, 2:3], cache)
     np.testing.assert_allclose(m.forward(x[:, 3:], cache), full, rtol=1e-4, atol=1e-5)

@@ -9,8 +9,8 @@ from checkpoints import make_gpt2
 
 from gpt.generation import generate
 from gpt.model import GPT
-from gpt.sampling import Sampler, Sampling
-from gpt.tokenizer import TextStream, load_tokenizer
+from tilekernels.runtime import Sampler, Sampling
+from tilekernels.runtime import TextStream, load_tokenizer
 
 
 def test_sampler_greedy_seeded_and_penalised():

@@ -6,8 +6,8 @@ from checkpoints import make_gpt2
 
 from gpt.generation import generate
 from gpt.model import GPT
-from gpt.sampling import Sampler, Sampling
-from gpt.tokenizer import load_tokenizer
+from tilekernels.runtime import Sampler, Sampling
+from tilekernels.runtime import load_tokenizer
 
 pytestmark = pytest.mark.gpu
 
@@ -51,11 +51,13 @@ def test_seeded_sampling_on_the_gpu_draws_the_cpu_tokens(tmp_path, poisoned, sam
 def twin_caches(tmp_path, length: int, kv_start=None):
     """A 2-layer model, two caches prefilled with the same two 4-token prompts (one for plain
     forward calls, one behind a DecodeGraph), the prefill logits and the graph."""
-    from gpt.graph import DecodeGraph
+    from tilekernels.runtime import DecodeGraph
 
     model = GPT.load(make_gpt2(tmp_path / "m", n_embd=128, n_head=2, n_layer=2, n_positions=64), "gpu")
     prompt, pos = cupy.asarray([[5, 6, 7, 8], [9, 10, 11, 12]]), cupy.arange(4)[None].repeat(2, 0)
-    plain, graphed = model.new_cache(2, length, kv_start=kv_start), model.new_cache(2, length, kv_start=kv_start)
+    plain, graphed = model.new_cache(2, length), model.new_cache(2, length)
+    for cache in (plain, graphed):
+        cache.kv_start[...] = cupy.asarray(kv_start or [0, 0], dtype=np.int32)
     logits = model.forward(prompt, pos, plain)
     model.forward(prompt, pos, graphed)
     return model, plain, graphed, logits, DecodeGraph(model.embedding_tables, lambda x: model.step(x, graphed), graphed)
@@ -88,7 +90,7 @@ def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
 def test_sampled_chain_on_the_device_equals_stepwise_sampling(tmp_path, poisoned):
     """Sampled steps chained in the graphs (uniforms copied in by each replay, the seen mask
     marked on the device) choose what the op chooses step by step with the same seed."""
-    from gpt.graph import DecodeGraph
+    from tilekernels.runtime import DecodeGraph
 
     s = Sampling(temperature=0.8, top_k=50, top_p=0.95, repetition_penalty=1.2)
     with cupy.cuda.Stream(non_blocking=True):
@@ -97,8 +99,8 @@ def test_sampled_chain_on_the_device_equals_stepwise_sampling(tmp_path, poisoned
         prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
         ours, ref_sampler = Sampler(s, cupy, 2, v, seed=3), Sampler(s, cupy, 2, v, seed=3)
         decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, graphed), graphed, ours)
-        ours.start(prompts)
-        ref_sampler.start(prompts)
+        ours.start(prompts, 3)
+        ref_sampler.start(prompts, 3)
         first = ours.pick(logits).get()
         got = [first] + list(decode.tokens(first, np.array([4, 4]), 19))
         ref = [ref_sampler.pick(logits).get()]

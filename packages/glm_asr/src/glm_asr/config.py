@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpt.checkpoint import CheckpointError
+from tilekernels.runtime import CheckpointError
 
 
 @dataclass(frozen=True)

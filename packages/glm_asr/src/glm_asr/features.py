@@ -8,6 +8,8 @@ with numpy on the CPU or with cupy on the GPU (the same code: xp is the array mo
 from __future__ import annotations
 
 import math
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +36,16 @@ def read_audio(path: str | Path) -> np.ndarray:
     if p.is_dir():
         raise AudioError(f"{path}: is a directory")
     try:
-        data, rate = soundfile.read(str(p), dtype="float32", always_2d=True)
+        with soundfile.SoundFile(str(p)) as f:
+            data, rate, log = f.read(dtype="float32", always_2d=True), f.samplerate, f.extra_info
     except Exception as e:  # soundfile raises LibsndfileError, RuntimeError, TypeError...
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise AudioError(f"{path}: not a readable audio file ({msg})") from None
+    short = re.search(r"data\s*:\s*(\d+) \(should be (\d+)\)", log)      # libsndfile's note on a cut-short file
+    if short and int(short.group(2)) < int(short.group(1)):
+        got = data.shape[0] / rate
+        print(f"warning: {path}: truncated: its header claims {got * int(short.group(1)) / int(short.group(2)):.2f} s, "
+              f"{got:.2f} s read", file=sys.stderr)
     if data.shape[0] == 0:
         raise AudioError(f"{path}: contains no samples")
     if not np.isfinite(data).all():

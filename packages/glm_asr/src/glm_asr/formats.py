@@ -21,12 +21,14 @@ def join(segments: list[dict]) -> str:
     return " ".join(s["text"].strip() for s in segments if s["text"].strip())
 
 
-def render(fmt: str, source: str, segments: list[dict]) -> str:
+def render(fmt: str, source: str, segments: list[dict], json_line: bool = False) -> str:
+    """One file's transcript in fmt; json_line: its JSON on one line (JSON Lines, several files on
+    one stream)."""
     if fmt == "txt":
         return join(segments) + "\n"
     if fmt == "json":
         return json.dumps({"file": source, "text": join(segments), "segments": segments}, ensure_ascii=False,
-                          indent=2) + "\n"
+                          indent=None if json_line else 2) + "\n"
     if fmt == "srt":
         return "".join(f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n\n"
                        for i, s in enumerate(segments, 1))
@@ -36,14 +38,38 @@ def render(fmt: str, source: str, segments: list[dict]) -> str:
     raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
+def output_names(paths: list[str], fmt: str) -> list[str]:
+    """The output file name of each input: <stem>.<fmt>; inputs whose stems clash (s1/x.wav and
+    s2/x.wav, or x.wav and x.flac) become <stem>-1.<fmt>, <stem>-2.<fmt>, ... in argument order
+    (skipping names another input already has), so no transcript overwrites another."""
+    stems = [Path(p).stem for p in paths]
+    taken = {s for s in stems if stems.count(s) == 1}
+    names, seen = [], {}
+    for s in stems:
+        if s in taken and stems.count(s) == 1:
+            names.append(f"{s}.{fmt}")
+            continue
+        n = seen.get(s, 0) + 1
+        while f"{s}-{n}" in taken:
+            n += 1
+        seen[s] = n
+        taken.add(f"{s}-{n}")
+        names.append(f"{s}-{n}.{fmt}")
+    return names
+
+
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves half a transcript."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Write via a temporary file and rename, so a failure never leaves half a transcript;
+    a failure names the output file."""
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    except OSError as e:
+        raise OSError(f"{path}: cannot write ({e.strerror or e})") from None
+    finally:
+        if tmp is not None and Path(tmp).exists():
+            Path(tmp).unlink(missing_ok=True)

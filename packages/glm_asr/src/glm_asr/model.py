@@ -3,49 +3,28 @@ projector, and a Llama decoder, all written against the tilekernels ops (numpy a
 run on the CPU references, cupy arrays on the cuTile kernels)."""
 from __future__ import annotations
 
-import itertools
 import json
 import sys
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 import tilekernels as tk
-from gpt.checkpoint import CheckpointError, load_tensors, read_config, take
-from gpt.device import move_weights
-from gpt.graph import decoder, device_stream, graphed
-from gpt.kvcache import KVCache
+from tilekernels.runtime import CheckpointError, KVCache, graphed, load_tensors, move_weights, read_config, take
 
 from .config import GlmAsrConfig
 
 
-@dataclass
-class EncoderLayer:
-    ln1: tk.LayerNorm
-    qkv: tuple        # q, k, v projections stacked (k_proj has no bias: zeros there)
-    o: tuple
-    ln2: tk.LayerNorm
-    fc1: tuple
-    fc2: tuple
-
-
-@dataclass
-class DecoderLayer:
-    ln1: tk.RMSNorm
-    qkv: object       # q, k, v projections stacked: (Hq*D + 2*Hkv*D, C)
-    o: object
-    ln2: tk.RMSNorm
-    gate_up: object   # gate and up stacked: (2*I, C), for linear(..., activation="swiglu")
-    down: object
-
-
 class GlmAsr:
+    """The audio side (encode) and a tilekernels.runtime.DecoderModel (the text decoder),
+    whose token loop the runtime runs."""
+
     def __init__(self, config: GlmAsrConfig, w: dict):
         self.config, self.w = config, w
         self.xp = tk.array_module(w["embed"])
-        self._decode = None         # the KV cache and captured decode step, reused by every request
-        self._prefill = None        # the prompt pass into that cache, one captured graph per prompt length
+        self.eos_ids = config.eos_token_ids
+        self.max_positions = config.decoder.max_positions
         self._tower = graphed(self.xp, self.audio_tower_eager)     # one captured graph per window count
 
     # ------------------------------------------------------------ loading
@@ -78,10 +57,10 @@ class GlmAsr:
                                            lin(p + "self_attn.v_proj", e.num_kv_heads * hd, c))
             ln1, *qkv = tk.fold_norm(ln(p + "input_layernorm", c), np.concatenate([qw, kw, vw]),
                                      np.concatenate([qb, np.zeros(len(kw), np.float32), vb]))
-            w["encoder"].append(EncoderLayer(
+            w["encoder"].append(tk.Block(
                 ln1, tuple(qkv), lin(p + "self_attn.o_proj", c, e.num_heads * hd),
                 ln(p + "post_attention_layernorm", c), lin(p + "mlp.fc1", e.intermediate_size, c),
-                lin(p + "mlp.fc2", c, e.intermediate_size)))
+                lin(p + "mlp.fc2", c, e.intermediate_size), e.activation))
         w["proj1"] = lin("multi_modal_projector.linear_1", 2 * d.hidden_size, e.intermediate_size)
         w["proj2"] = lin("multi_modal_projector.linear_2", d.hidden_size, 2 * d.hidden_size)
         n, D = d.hidden_size, d.head_dim
@@ -96,11 +75,11 @@ class GlmAsr:
             gate_up = np.concatenate([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
             # the RMSNorms stay as they are (the decode kernels apply them), so the matrices keep
             # the checkpoint's values: bfloat16 ones are stored as such on the GPU (tk.compact)
-            w["decoder"].append(DecoderLayer(
-                tk.RMSNorm(take(t, p + "input_layernorm.weight", (n,)), d.rms_norm_eps), qkv,
-                m("self_attn.o_proj", n, d.num_heads * D),
-                tk.RMSNorm(take(t, p + "post_attention_layernorm.weight", (n,)), d.rms_norm_eps), gate_up,
-                m("mlp.down_proj", n, d.intermediate_size)))
+            w["decoder"].append(tk.Block(
+                tk.RMSNorm(take(t, p + "input_layernorm.weight", (n,)), d.rms_norm_eps), (qkv, None),
+                (m("self_attn.o_proj", n, d.num_heads * D), None),
+                tk.RMSNorm(take(t, p + "post_attention_layernorm.weight", (n,)), d.rms_norm_eps), (gate_up, None),
+                (m("mlp.down_proj", n, d.intermediate_size), None), "swiglu"))
         w["embed"] = take(t, "language_model.model.embed_tokens.weight", (d.vocab_size, n))
         head = t.get("language_model.lm_head.weight")
         if cfg.tie_word_embeddings:
@@ -122,7 +101,7 @@ class GlmAsr:
         matrices, which every decode step streams, stay bfloat16 when the checkpoint's are (exact,
         half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's stay
         float32, whose tensor-core GEMMs ran slower on bfloat16 tiles (12.4 -> 13.8 ms,
-        prefill-profile-glm-asr-w1-h100-bf16-encoder.json)."""
+        prefill-profile-glm-asr-w1-h100-bf16-encoder.json at 4f7986f)."""
         text = ("decoder", "embed", "lm_head", "norm")
         moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device)
         moved.update(move_weights({k: self.w[k] for k in text}, device, compact=True))
@@ -149,13 +128,13 @@ class GlmAsr:
         start = xp.zeros(1, np.int32)
         k = xp.empty((b, e.num_kv_heads, t, e.head_dim), np.float32)
         v = xp.empty_like(k)
-        for L in w["encoder"]:
-            qkv = tk.linear(x, *L.qkv, norm=L.ln1)
-            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim)   # k, v: (B, H, T, D)
-            y = tk.attention(q, k, v, causal=False)
-            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
-            x = tk.linear(y, *L.o, residual=x)
-            x = tk.linear(tk.linear(x, *L.fc1, activation=e.activation, norm=L.ln2), *L.fc2, residual=x)
+
+        def attend(qkv):        # bidirectional within the window; k, v: (B, H, T, D) scratch
+            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim)
+            return tk.attention(q, k, v, causal=False)
+
+        for block in w["encoder"]:
+            x = block(x, attend)
         return w["enc_norm"](x)
 
     def project(self, states):
@@ -164,14 +143,29 @@ class GlmAsr:
         h = tk.linear(merged, *self.w["proj1"], activation=self.config.projector_activation)
         return tk.linear(h, *self.w["proj2"])
 
-    # ------------------------------------------------------------ text side
-    def new_cache(self, length: int) -> KVCache:
+    # ------------------------------------------------------------ text side (the DecoderModel)
+    @property
+    def embedding_tables(self) -> tuple:
+        return self.w["embed"], None
+
+    def new_cache(self, batch: int, length: int) -> KVCache:
         d = self.config.decoder
-        return KVCache.allocate(self.xp, d.num_layers, 1, d.num_kv_heads, length, d.head_dim,
+        return KVCache.allocate(self.xp, d.num_layers, batch, d.num_kv_heads, length, d.head_dim,
                                 rope_theta=d.rope_theta)
 
+    def embed(self, ids, positions=None):
+        """Token embeddings (B, T, C) of ids (B, T); positions come from the cache (RoPE)."""
+        return tk.embedding(ids, self.w["embed"])
+
+    def prompt_embeds(self, ids: list[int], audio_embeds):
+        """Token embeddings (T, C) of a prompt with its audio placeholders replaced, in order."""
+        xp = self.xp
+        x = tk.embedding(xp.asarray(np.asarray(ids)), self.w["embed"])
+        x[xp.asarray(np.flatnonzero(np.asarray(ids) == self.config.audio_token_id))] = audio_embeds
+        return x
+
     def forward(self, x, cache: KVCache):
-        """Llama decoder over new input embeddings x (1, T, C); last-position logits (1, V)."""
+        """Llama decoder over new input embeddings x (B, T, C); last-position logits (B, V)."""
         t = x.shape[1]
         cache.begin(t)
         logits = self.step(x, cache)
@@ -181,57 +175,6 @@ class GlmAsr:
     def step(self, x, cache: KVCache):
         """The device work of forward for the span cache.begin announced (graph-capturable)."""
         d, xp, w = self.config.decoder, self.xp, self.w
-        b, t, n = x.shape
-        D = d.head_dim
-        for i, L in enumerate(w["decoder"]):
-            qkv = tk.linear(x, L.qkv, norm=L.ln1)
-            y = cache.attend(i, qkv, d.num_heads, D ** -0.5)                 # (B, H, T, D), RoPE from the cache
-            y = xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, d.num_heads * D)
-            x = tk.linear(y, L.o, residual=x)
-            x = tk.linear(tk.linear(x, L.gate_up, activation="swiglu", norm=L.ln2), L.down, residual=x)
+        for i, block in enumerate(w["decoder"]):       # RoPE from the cache's tables
+            x = block(x, partial(cache.attend, i, heads=d.num_heads, scale=d.head_dim ** -0.5))
         return tk.linear(xp.ascontiguousarray(x[:, -1]), w["lm_head"], norm=w["norm"])
-
-    def _decoder(self, length: int):
-        """An emptied KV cache of at least `length` positions with its decode step (on the GPU a
-        CUDA graph captured once; lengths live on the device, so every request that fits reuses it)."""
-        if self._decode is None or self._decode.cache.k.shape[3] < length:
-            self._decode = self._prefill = None
-            cache = self.new_cache(length)
-            self._decode = decoder(self.xp, (self.w["embed"], None), lambda x: self.step(x, cache), cache)
-            self._prefill = graphed(self.xp, lambda x: self.step(x, cache))
-        self._decode.cache.length = 0
-        return self._decode
-
-    def embed(self, ids: np.ndarray, audio_embeds=None):
-        """Token embeddings (1, T, C) with the audio placeholders replaced, in order."""
-        xp = self.xp
-        x = tk.embedding(xp.asarray(ids), self.w["embed"])
-        if audio_embeds is not None:
-            x[xp.asarray(np.flatnonzero(np.asarray(ids) == self.config.audio_token_id))] = audio_embeds
-        return x[None]
-
-    def prefill(self, ids: list[int], audio_embeds, max_new_tokens: int):
-        """Last-position logits (1, V) of the prompt ids (audio placeholders filled), run into the
-        emptied KV cache of the decoder that will continue it; on the GPU replayed from a graph
-        captured once per prompt length (call under device_stream, as greedy does)."""
-        decode = self._decoder(len(ids) + max_new_tokens + 1)
-        x = self.embed(np.asarray(ids), audio_embeds)
-        decode.cache.begin(x.shape[1])
-        logits = self._prefill(x)
-        decode.cache.length += x.shape[1]
-        return logits
-
-    def greedy(self, ids: list[int], audio_embeds, max_new_tokens: int, eos=None) -> list[int]:
-        """Greedy continuation of the prompt ids (audio placeholders filled) with a KV cache;
-        on the GPU every token after the first is one replay of a captured CUDA graph."""
-        eos = set(self.config.eos_token_ids) if eos is None else set(eos)
-        out = []
-        with device_stream(self.xp):
-            logits = self.prefill(ids, audio_embeds, max_new_tokens)
-            first = int((logits.get() if hasattr(logits, "get") else logits)[0].argmax())
-            chain = self._decode.tokens(np.array([first]), np.array([len(ids)]), max_new_tokens - 1)
-            for tok in itertools.islice(itertools.chain([first], (int(t[0]) for t in chain)), max_new_tokens):
-                if tok in eos:
-                    break
-                out.append(tok)
-        return out

@@ -2,38 +2,26 @@
 (reference kernels), cupy arrays on the GPU (cuTile kernels)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 import tilekernels as tk
+from tilekernels.runtime import KVCache, load_tensors, move_weights, read_config, take
 
-from .checkpoint import CheckpointError, load_tensors, read_config, take
 from .config import GPTConfig
-from .device import move_weights
-from .kvcache import KVCache
-
-
-@dataclass
-class Block:
-    ln_1: tk.LayerNorm
-    attn_w: object     # (3C, C), nn.Linear layout
-    attn_b: object
-    proj_w: object
-    proj_b: object
-    ln_2: tk.LayerNorm
-    fc_w: object
-    fc_b: object
-    out_w: object
-    out_b: object
 
 
 class GPT:
-    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[Block], ln_f: tk.LayerNorm, lm_head: tuple):
+    """A tilekernels.runtime.DecoderModel: the runtime runs its token loop."""
+
+    def __init__(self, config: GPTConfig, wte, wpe, blocks: list[tk.Block], ln_f: tk.LayerNorm, lm_head: tuple):
         self.config, self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head = (
             config, wte, wpe, blocks, ln_f, lm_head)
         self.xp = tk.array_module(wte)
+        self.eos_ids = (config.eos_token_id,)
+        self.max_positions = config.n_positions
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -55,10 +43,10 @@ class GPT:
         for i in range(config.n_layer):
             p = f"h.{i}."
             # each LayerNorm's scale and shift fold into the projection after it (tk.fold_norm)
-            blocks.append(Block(*tk.fold_norm(ln(p + "ln_1"), *lin(p + "attn.c_attn", c, 3 * c)),
-                                *lin(p + "attn.c_proj", c, c),
-                                *tk.fold_norm(ln(p + "ln_2"), *lin(p + "mlp.c_fc", c, inner)),
-                                *lin(p + "mlp.c_proj", inner, c)))
+            ln_1, *qkv = tk.fold_norm(ln(p + "ln_1"), *lin(p + "attn.c_attn", c, 3 * c))
+            ln_2, *fc = tk.fold_norm(ln(p + "ln_2"), *lin(p + "mlp.c_fc", c, inner))
+            blocks.append(tk.Block(ln_1, tuple(qkv), lin(p + "attn.c_proj", c, c), ln_2, tuple(fc),
+                                   lin(p + "mlp.c_proj", inner, c), config.activation))
         wte = take(t, "wte.weight", (v, c))
         lm_head = take(t, "lm_head.weight", (v, c)) if "lm_head.weight" in t else wte
         ln_f, *lm_head = tk.fold_norm(ln("ln_f"), lm_head)
@@ -71,23 +59,9 @@ class GPT:
         return GPT(self.config, *w)
 
     # ------------------------------------------------------------ inference
-    def new_cache(self, batch: int, length: int, kv_start=None) -> KVCache:
+    def new_cache(self, batch: int, length: int) -> KVCache:
         c = self.config
-        return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim, kv_start)
-
-    def attention(self, i: int, blk: Block, x, cache: KVCache):
-        """x + causal self-attention of ln_1(x) for the new tokens x (B, T, C) over the
-        cache and themselves."""
-        b, t, c = x.shape
-        qkv = tk.linear(x, blk.attn_w, blk.attn_b, norm=blk.ln_1)
-        y = cache.attend(i, qkv, self.config.n_head, self.config.attn_scale(i))    # (B, H, T, D)
-        y = self.xp.ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, c)
-        return tk.linear(y, blk.proj_w, blk.proj_b, residual=x)
-
-    def mlp(self, blk: Block, x):
-        """x + MLP(ln_2(x))."""
-        h = tk.linear(x, blk.fc_w, blk.fc_b, activation=self.config.activation, norm=blk.ln_2)
-        return tk.linear(h, blk.out_w, blk.out_b, residual=x)
+        return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim)
 
     def forward(self, ids, positions, cache: KVCache, last_only: bool = True):
         """Logits for the new tokens ids (B, T) at positions (B, T), appending them to the cache.
@@ -111,12 +85,11 @@ class GPT:
     def step(self, x, cache: KVCache, last_only: bool = True):
         """The device work of forward from the embeddings x (B, T, C), for the span announced by
         cache.begin (graph-capturable)."""
-        for i, blk in enumerate(self.blocks):
-            x = self.attention(i, blk, x, cache)
-            x = self.mlp(blk, x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, partial(cache.attend, i, heads=self.config.n_head, scale=self.config.attn_scale(i)))
         if last_only:
             x = self.xp.ascontiguousarray(x[:, -1])
         return tk.linear(x, *self.lm_head, norm=self.ln_f)
 
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "CheckpointError"]
+__all__ = ["GPT", "GPTConfig"]

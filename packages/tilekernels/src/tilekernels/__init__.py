@@ -3,7 +3,8 @@
 Every public op dispatches on the array type: numpy arrays run the float32 numpy
 reference (the specification), cupy arrays run the cuTile kernel.
 """
-from ._arrays import array_module, is_device
+from ._arrays import array_module, dependent_launch, full_wait_next, is_device, set_dependent_launch
+from .block import Block
 from .activations import gelu, silu, swiglu
 from .argmax import argmax
 from .attention import attention, decode_attention
@@ -20,7 +21,7 @@ from .weights import compact, widen
 
 __version__ = "0.1.0"
 __all__ = [
-    "LayerNorm", "RMSNorm", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
+    "Block", "LayerNorm", "RMSNorm", "dependent_launch", "full_wait_next", "set_dependent_launch", "get_matmul_precision", "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
     "is_device",
     "layernorm", "linear", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "swiglu", "widen",
 ]

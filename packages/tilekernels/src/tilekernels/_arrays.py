@@ -6,6 +6,7 @@ names the argument.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -15,13 +16,31 @@ import numpy as np
 
 __all__ = ["array_module", "is_device", "backend", "check", "next_pow2", "launch", "sm_count", "inputs_ready",
            "release_dependents", "wait_for_inputs", "last_block_counters", "last_in_group", "reset_count",
-           "full_wait_next"]
+           "full_wait_next", "dependent_launch", "set_dependent_launch"]
 
 # Programmatic dependent launch (Hopper and later): each kernel may be scheduled while the one
 # before it still runs, and waits in inputs_ready() for that one's writes. Hides the launch
-# gap and lets weight loads start early. TILEKERNELS_DEPENDENT_LAUNCH=0 turns it off (tools
-# flip this flag to measure what it saves).
-DEPENDENT_LAUNCH = os.environ.get("TILEKERNELS_DEPENDENT_LAUNCH", "1") != "0"
+# gap and lets weight loads start early. TILEKERNELS_DEPENDENT_LAUNCH=0 turns it off;
+# set_dependent_launch / dependent_launch switch it from code (tools measure what it saves).
+_DEPENDENT_LAUNCH = os.environ.get("TILEKERNELS_DEPENDENT_LAUNCH", "1") != "0"
+
+
+def set_dependent_launch(enabled: bool) -> bool:
+    """Launch kernels as programmatic dependents (Hopper and later) or plainly from now on;
+    returns the previous setting."""
+    global _DEPENDENT_LAUNCH
+    before, _DEPENDENT_LAUNCH = _DEPENDENT_LAUNCH, bool(enabled)
+    return before
+
+
+@contextlib.contextmanager
+def dependent_launch(enabled: bool):
+    """set_dependent_launch(enabled) for the kernels launched (or captured) inside the block."""
+    before = set_dependent_launch(enabled)
+    try:
+        yield
+    finally:
+        set_dependent_launch(before)
 
 
 def is_device(a: Any) -> bool:
@@ -106,7 +125,7 @@ class _DeviceArg:
 
     cupy's own interface names its stream, which makes the consumer synchronise on it at
     every launch; the kernels run on that same stream, so the plain description is
-    equivalent and measured 40% cheaper per launch on an H200 (tools/launch_overhead.py).
+    equivalent and measured 40% cheaper per launch on an H200 (tools/launch_overhead.py at 4f7986f).
     """
     __slots__ = ("__cuda_array_interface__",)
 
@@ -173,7 +192,7 @@ def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
     import cupy
 
     global _FULL_WAIT_NEXT
-    dependent = DEPENDENT_LAUNCH and not _FULL_WAIT_NEXT and _hopper_or_later()
+    dependent = _DEPENDENT_LAUNCH and not _FULL_WAIT_NEXT and _hopper_or_later()
     _FULL_WAIT_NEXT = False
     args = tuple(_DeviceArg(a) if is_device(a) else a for a in args)
     ct.launch(cupy.cuda.get_current_stream().ptr, grid, kernel, args, programmatic_dependent_launch=dependent)
@@ -185,7 +204,7 @@ def inputs_ready() -> None:
     kernels before this one have finished and their writes are visible. Releasing the next
     kernel before the wait rather than after lets its blocks start their weight loads a kernel
     earlier (the next kernel still waits for this one to finish): measured 2.42 -> 2.20 us a
-    kernel in a dependent chain (tools/launch_overhead.py), 363 -> 352 us a GPT-2 step."""
+    kernel in a dependent chain (tools/launch_overhead.py at 4f7986f), 363 -> 352 us a GPT-2 step."""
     release_dependents()
     wait_for_inputs()
 

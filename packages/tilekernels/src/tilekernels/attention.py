@@ -166,7 +166,7 @@ def decode_split_kernel(Q, K, V, KN, VN, PO, PM, PL, O, C, KS, KL, COS, SIN, sca
                         FINAL: ConstBool, NEW: ConstBool, ROPE: ConstBool):
     """Partial attention of one query head over one chunk of cached keys, in fp32 on CUDA
     cores (a decode query is a single row, which a tensor-core mma would pad to 16; measured
-    faster, tools/sweep_decode_attention.py). The next key tile is requested before the
+    faster, tools/sweep_decode_attention.py at 4f7986f). The next key tile is requested before the
     current one is folded in.
 
     Q, O (B, Hq, 1, D); partial outputs PO (B, Hq, S, D) are unnormalised, with their max PM
@@ -250,10 +250,10 @@ flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
 
 
 def flash_plan(d: int, causal: bool):
-    """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, from tools/sweep_attention.py
-    (attention-sweep-h100.json): a bidirectional 64-wide encoder runs 128-query blocks two to
+    """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, from tools/sweep_attention.py at 4f7986f
+    (attention-sweep-h100.json at 4f7986f): a bidirectional 64-wide encoder runs 128-query blocks two to
     an SM (1.8x the 64 x 64 tiles) over 32-key tiles (GLM-ASR's encoder: 76.9 vs 84.4 us for
-    64-key tiles, flash-gelu-sweep-h100.json); causal and 128-wide heads take 128-key tiles."""
+    64-key tiles, flash-gelu-sweep-h100.json at 4f7986f); causal and 128-wide heads take 128-key tiles."""
     if d == 64 and not causal:
         return 128, 32, flash_kernel_occupancy2
     return (64, 128, flash_kernel) if d <= 128 else (64, 64, flash_kernel)
@@ -270,7 +270,7 @@ def decode_splits(tk: int, units: int, sms: int = 132, tile_n: int = 64) -> tupl
     no chunk runs more than MAX_CHUNK_TILES tiles. tk is the cache's capacity: at run time
     only the chunks holding keys do anything (decode_split_kernel).
 
-    tools/sweep_decode_attention.py: a block's key tiles run one after another, latency
+    tools/sweep_decode_attention.py at 4f7986f: a block's key tiles run one after another, latency
     bound (~1.2 us a tile), so many short chunks and a merge beat long chunks; a cache of
     one tile is one chunk, normalised in place."""
     tiles = -(-tk // tile_n)

@@ -20,8 +20,8 @@ Three kernels by the number of rows M:
 - larger M: 128x128 TF32 tiles in grouped order for L2 reuse, split over K (second
   kernel reduces and applies the epilogue) only when the output tiles cover under a quarter
   of the SMs.
-Measured on an H200 (benchmarks/results/kernels-h200.md) and an H100 (gemm-sweep-h100.json,
-gemv-sweep-h100.json) to pick these shapes.
+Measured on an H200 (benchmarks/results/kernels-h200.md at 4f7986f) and an H100 (gemm-sweep-h100.json at 4f7986f,
+gemv-sweep-h100.json at 4f7986f) to pick these shapes.
 """
 from __future__ import annotations
 
@@ -304,12 +304,12 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     K > 1024, the best of 29 mixes, decode-profile-gpt2-b1-h100-gemv-rows-*.json); bfloat16
     weights in (16, 512) tiles through TMA
     (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
-    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json). float32 vocabulary
+    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json at 4f7986f). float32 vocabulary
     heads take the GEMV too (gpt2 step 275.9 -> 271.5 us once its K loop was compiled out,
-    decode-profile-gpt2-b1-h100-one-tile-gemv-merge-in-split.json); bfloat16 ones (N > 4096)
+    decode-profile-gpt2-b1-h100-one-tile-gemv-merge-in-split.json at 4f7986f); bfloat16 ones (N > 4096)
     the mma kernel.
     Chosen on whole decode steps (tools/profile_decode.py --plans, benchmarks/results/
-    decode-profile-*.json), tiles from tools/sweep_gemv.py."""
+    decode-profile-*.json), tiles from tools/sweep_gemv.py at 4f7986f."""
     if m == 1 and itemsize == 2 and n <= (8192 if glu else 4096):
         return "gemv", BF16_GEMV, True
     if m == 1 and itemsize == 4:
@@ -322,7 +322,7 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, items
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
     # split-K only for a grid under a quarter of the SMs: its partial sums cost a pass over
-    # memory and a reduce kernel, measured slower from half a wave up (tools/sweep_gemm.py)
+    # memory and a reduce kernel, measured slower from half a wave up (tools/sweep_gemm.py at 4f7986f)
     split = 1 if glu or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
     return "tiles", tiles, per, -(-k_tiles // per)

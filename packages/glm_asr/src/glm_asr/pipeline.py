@@ -1,0 +1,71 @@
+"""From audio samples to timed text segments: 30 s windows, encoded ENCODER_BATCH at a time,
+each window one greedy request that the runtime's token loop decodes."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from tilekernels.runtime import CheckpointError, ModelRunner, check_length, generate, load_tokenizer
+
+from .features import FRAMES, audio_tokens, windows
+from .model import GlmAsr
+
+ENCODER_BATCH = 8          # windows encoded together
+
+
+def decode(runner: ModelRunner, ids: list[int], audio_embeds, max_new_tokens: int,
+           ignore_eos: bool = False) -> list[int]:
+    """The greedy continuation of one prompt whose audio placeholders take audio_embeds (n, C)."""
+    x = runner.model.prompt_embeds(ids, audio_embeds)
+    return generate(runner, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
+
+
+def window_tokens(runner: ModelRunner, wins: list, prompt_ids: Callable[[int], list[int]], max_new_tokens: int,
+                  ignore_eos: bool = False) -> Iterator[tuple]:
+    """(window, generated token ids) for each window in order."""
+    model = runner.model
+    for g in range(0, len(wins), ENCODER_BATCH):
+        group = wins[g: g + ENCODER_BATCH]
+        emb = model.encode(model.xp.stack([w.features for w in group]))
+        for j, w in enumerate(group):
+            yield w, decode(runner, prompt_ids(w.tokens), emb[j, : w.tokens], max_new_tokens, ignore_eos)
+
+
+class Transcriber:
+    """One loaded model, tokenizer and runner serving many files."""
+
+    def __init__(self, directory: Path, device: str):
+        self.model = GlmAsr.load(directory, device)
+        self.runner = ModelRunner(self.model)
+        self.tok = load_tokenizer(directory)
+        pad = self.tok.token_to_id("<|pad|>")
+        for name in ("<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"):
+            if self.tok.token_to_id(name) is None:
+                raise CheckpointError(f"tokenizer.json: special token {name} missing")
+        if pad != self.model.config.audio_token_id:
+            raise CheckpointError(f"tokenizer.json: <|pad|> is {pad} but config audio_token_id is "
+                                  f"{self.model.config.audio_token_id}")
+
+    def prompt_ids(self, n_audio: int, instruction: str) -> list[int]:
+        text = (f"<|user|>\n<|begin_of_audio|>{'<|pad|>' * n_audio}<|end_of_audio|><|user|>\n"
+                f"{instruction}<|assistant|>\n")
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def check(self, instruction: str, max_new_tokens: int) -> None:
+        """Refuse max_new_tokens that a full window's prompt leaves no room for in the decoder's
+        positions (before any file is read)."""
+        check_length(self.model, len(self.prompt_ids(audio_tokens(FRAMES), instruction)), max_new_tokens)
+
+    def transcribe(self, samples: np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
+        """The segments ({start, end, text}, seconds) of 16 kHz mono samples, one per window."""
+        segments = []
+        wins = windows(samples, self.model.config.encoder.num_mel_bins, self.model.xp)
+        prompt = lambda n: self.prompt_ids(n, instruction)      # noqa: E731
+        for w, tokens in window_tokens(self.runner, wins, prompt, max_new_tokens):
+            text = self.tok.decode(tokens, skip_special_tokens=True)
+            segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
+            if progress:
+                progress.update(w.end_s - w.start_s)
+        return segments

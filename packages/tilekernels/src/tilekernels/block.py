@@ -1,0 +1,41 @@
+"""The pre-norm transformer layer both models are made of, written once against the ops.
+
+    x = x + o(attend(qkv(norm1(x))))
+    x = x + fc2(act(fc1(norm2(x))))
+
+GPT-2 (LayerNorm, tanh GELU, biases), GLM-ASR's audio encoder (LayerNorm, exact GELU) and
+its Llama decoder (RMSNorm, SwiGLU, no biases) differ only in these weights and in how the
+heads attend: causal over a KV cache, or bidirectional within a window, which the caller
+passes as `attend`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ._arrays import array_module
+from .linear import linear
+from .norm import LayerNorm, RMSNorm
+
+
+@dataclass
+class Block:
+    """One layer's weights. Each projection is (weight (N, K), bias (N,) or None); norm1 and
+    norm2 are applied inside the projections after them (fused into tk.linear)."""
+    norm1: LayerNorm | RMSNorm
+    qkv: tuple          # q, k and v stacked: ((Hq + 2 Hkv) D, C)
+    o: tuple
+    norm2: LayerNorm | RMSNorm
+    fc1: tuple          # (2I, C) gate and up stacked when activation is 'swiglu'
+    fc2: tuple
+    activation: str
+
+    def __call__(self, x, attend: Callable):
+        """The layer on x (B, T, C); attend(qkv) -> (B, H, T, D) is the attention of the new
+        tokens given their fused projection (writing a cache, rotating, masking as it needs)."""
+        b, t, _ = x.shape
+        y = attend(linear(x, *self.qkv, norm=self.norm1))
+        y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
+        x = linear(y, *self.o, residual=x)
+        h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2)
+        return linear(h, *self.fc2, residual=x)

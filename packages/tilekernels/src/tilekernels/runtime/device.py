@@ -1,0 +1,88 @@
+"""Where a model runs: 'gpu' (cupy + cuTile), 'cpu' (numpy), or 'auto'; moving its weights there;
+the stream GPU work is queued on."""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import numpy as np
+
+
+def gpu_problem() -> str | None:
+    """Why the GPU path cannot run here, or None when it can."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+        import cuda.tile  # noqa: F401
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
+    return None
+
+
+def pick_device(choice: str) -> str:
+    """Resolve 'auto' (GPU if one works, else CPU with a one-line notice)."""
+    if choice not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device must be auto, cpu or gpu, got {choice!r}")
+    if choice == "cpu":
+        return "cpu"
+    problem = gpu_problem()
+    if problem is None:
+        return "gpu"
+    if choice == "gpu":
+        raise ValueError(f"device=gpu but the GPU is not usable ({problem})")
+    print(f"note: no usable GPU ({problem}); running on the CPU", file=sys.stderr)
+    return "cpu"
+
+
+def move_weights(tree, device: str, compact: bool = False):
+    """A copy of a weight tree (arrays inside tuples, lists, dicts and dataclasses) on
+    'cpu' (numpy, float32) or 'gpu' (cupy); an array referenced twice (tied weights) stays
+    shared. compact: on the GPU a matrix of bfloat16 values (a bfloat16 checkpoint) is
+    stored as bfloat16, which is exact (tk.compact)."""
+    import dataclasses
+
+    import tilekernels as tk
+
+    if device == "gpu":
+        import cupy
+
+        def move(a):
+            a = cupy.asarray(a)
+            return tk.compact(a) if compact and a.ndim == 2 else a
+    elif device == "cpu":
+        def move(a):
+            return tk.widen(a.get() if type(a).__module__.split(".")[0] == "cupy" else a)
+    else:
+        raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
+    seen: dict[int, object] = {}
+
+    def m(x):
+        if x is None or isinstance(x, (int, float, str)):
+            return x
+        if isinstance(x, tuple):
+            return tuple(m(a) for a in x)
+        if isinstance(x, list):
+            return [m(a) for a in x]
+        if isinstance(x, dict):
+            return {k: m(a) for k, a in x.items()}
+        if dataclasses.is_dataclass(x):
+            return type(x)(*(m(getattr(x, f.name)) for f in dataclasses.fields(x)))
+        if id(x) not in seen:
+            seen[id(x)] = move(x)
+        return seen[id(x)]
+
+    return m(tree)
+
+
+def device_stream(xp):
+    """A non-default stream for GPU runs (CUDA graphs cannot capture the default one),
+    ordered after everything already queued on the current stream."""
+    if xp is np:
+        return contextlib.nullcontext()
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    stream.wait_event(cupy.cuda.get_current_stream().record())
+    return stream

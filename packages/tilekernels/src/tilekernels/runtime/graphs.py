@@ -1,0 +1,225 @@
+"""A decode step captured once as a CUDA graph and replayed for every token (DecodeGraph), and
+whole stages replayed from a graph per input shape (ShapeGraphs: GLM-ASR's encoder and prefill).
+
+At batch 1 a step is ~60 (GPT-2) to ~140 (GLM-ASR) kernel launches whose host cost (~30 us
+each through Python and ct.launch) exceeds the GPU work several times over; a graph
+replays them back to back, each kernel launched as a programmatic dependent of the one
+before (see tilekernels.dependent_launch), so it is scheduled while its predecessor runs.
+Everything a step reads that changes per token (its input embeddings, positions, the cache
+span) lives in fixed device buffers, which the step's last kernel advances for the next.
+Temporaries come from a private memory pool so no later allocation can reuse an address
+the graph writes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .. import embedding, full_wait_next, get_matmul_precision
+from .kvcache import KVCache
+from .sampling import GREEDY, Sampler
+
+
+CHAIN = 8       # greedy steps a replay (tools/profile_decode.py: steps_per_graph_us_per_token)
+
+
+def step_input(ids, positions, table, pos_table):
+    """What a decode step starts from: the embeddings (B, 1, C) of tokens ids (B, 1), with those
+    of their positions (B, 1) added where the model has a position table (pos_table, else None)."""
+    return embedding(ids, table, None if pos_table is None else positions, pos_table)
+
+
+@dataclass
+class Replay:
+    """A captured graph of n decode steps, the logits of its last step (kept: the graph writes
+    them), the pinned host array (n, B) its last node copies the steps' tokens into and, when
+    its steps draw, the pinned (n, B) uniforms its first node copies to the device."""
+    graph: object
+    logits: object
+    tokens: np.ndarray
+    uniforms: np.ndarray | None
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+class DecodeGraph:
+    """tokens(ids, positions, steps): the tokens (B,) of a continuation, chosen on the device.
+
+    step(x) is the model's device work for one token per sequence from their embeddings x
+    (B, 1, C), reading the cache span that cache.begin announces; embed = (table, pos_table or
+    None) are the model's embedding tables; sampler picks the tokens (greedy by default).
+    Every captured step ends in the sampler's launches (one argmax when greedy), the last of
+    which also advances positions and span and gathers the chosen tokens' embeddings into the
+    other of two input buffers, so steps chain on the device with no host work between them:
+    tokens replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
+    tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
+    benchmarks/results/decode-profile-gpt2-b1-h100.json).
+    Create and call it under a non-default cupy stream (graphs cannot capture the legacy
+    default stream): see device_stream. Building it runs steps, which mark tokens in the
+    sampler's seen mask: start the sampler after.
+    """
+
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler | None = None):
+        import cupy
+
+        b = cache.k.shape[1]
+        self.cache = cache
+        self.table, self.pos_table = embed
+        self.sampler = sampler or Sampler(GREEDY, cupy, b, self.table.shape[0])
+        self.x = [cupy.zeros((b, 1, self.table.shape[1]), cupy.float32) for _ in range(2)]
+        self.positions = cupy.zeros(b, cupy.int64)
+        self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
+        self._seed(np.zeros(b, np.int64), np.zeros(b, np.int64))   # compiles the seeding embedding now, not in tokens
+        # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
+        # consecutive replays copy their tokens into different host arrays
+        self.single = [self._capture(step, p, 1) for p in (0, 1)]
+        self.chains = [self._capture(step, 0, CHAIN) for _ in range(2)]
+        self._warm()
+
+    def _warm(self) -> None:
+        """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
+        it replay slower however often they run themselves: gpt2's chains 258 against 245 us a
+        token on an H100 (bench_gpt 3,846 -> 4,083 tok/s, gpt-h100.json). One replay of it ends that for good;
+        a replay of another graph or eager steps do not; without graph.upload the chains are
+        fast from the start, but each graph's first replay pays its upload (decode-state-gpt2-
+        b1-h100.json at 4f7986f, tools/decode_state.py at 4f7986f; why, inside the driver, is not known). The replay
+        writes one step's keys at the cache's next slot, which the next real step overwrites,
+        and advances positions and span, which every call seeds again."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        self.single[0].graph.launch(stream)
+        stream.synchronize()
+
+    def _step(self, step: Callable, p: int, tokens, uniforms):
+        """One step from x[p]: its logits; the sampler's choice into tokens (B,) and, embedded,
+        into x[1 - p]. Its first kernel starts once the step before has finished: kernels read
+        earlier steps' cached keys before their dependency wait."""
+        full_wait_next()
+        logits = step(self.x[p])
+        nxt = self.x[1 - p]
+        self.sampler(logits, uniforms, out=tokens, positions=self.positions, counters=self.cache.span,
+                     embed=(self.table, self.pos_table, nxt.reshape(nxt.shape[0], -1)))
+        return logits
+
+    def _capture(self, step: Callable, p: int, n: int) -> Replay:
+        import cupy
+        import cupyx
+
+        stream = cupy.cuda.get_current_stream()
+        tokens = cupy.zeros((n, self.x[0].shape[0]), cupy.int64)
+        host = cupyx.empty_pinned(tokens.shape, np.int64)
+        draws = self.sampler.draws
+        u = cupy.zeros(tokens.shape, cupy.float32) if draws else [None] * n
+        u_host = cupyx.zeros_pinned(tokens.shape, np.float32) if draws else None
+        with cupy.cuda.using_allocator(self.pool.malloc):
+            self.cache.begin(1)
+            self._step(step, p, tokens[0], u[0])        # compiles kernels, fills the pool
+            self.cache.begin(1)
+            stream.begin_capture()
+            if draws:
+                cupy.cuda.runtime.memcpyAsync(u.data.ptr, u_host.ctypes.data, u.nbytes,
+                                              cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            for i in range(n):
+                logits = self._step(step, (p + i) % 2, tokens[i], u[i])
+            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, tokens.data.ptr, tokens.nbytes,
+                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+            graph = stream.end_capture()
+        graph.upload(stream)        # not in the first replay's time
+        return Replay(graph, logits, host, u_host)
+
+    def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
+        """The next step's input (x[0]) from host token ids and positions; the cache span."""
+        import cupy
+
+        self.cache.begin(1)
+        ids = cupy.asarray(np.asarray(ids, np.int64).reshape(-1, 1))
+        self.positions.set(np.asarray(positions, np.int64).reshape(-1))
+        self.x[0][...] = step_input(ids, self.positions[:, None], self.table, self.pos_table)
+
+    def _launch(self, replay: Replay):
+        """Queue a replay on the current stream, with the next uniforms when its steps draw
+        (its pinned buffer is free: the replay of the same graph before it has been waited
+        for); the event its tokens are ready at."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        if replay.uniforms is not None:
+            replay.uniforms[...] = self.sampler.uniforms(replay.n)
+        replay.graph.launch(stream)
+        self.cache.length += replay.n
+        return stream.record()
+
+    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        """The (B,) tokens the sampler picks in `steps` steps starting from ids at positions.
+
+        Replays of CHAIN steps, then single steps for the rest, each queued before the host
+        waits for the one before it, so the GPU never waits for the host; the host reads each
+        replay's tokens from pinned memory. Stopping early leaves at most one replay's steps
+        extra in the cache, never more than `steps` in all.
+        """
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
+        self._seed(ids, positions)
+        replays = [self.chains[c % 2] for c in range(steps // CHAIN)]
+        replays += [self.single[s % 2] for s in range(steps % CHAIN)]   # a chain ends where it began, at x[0]
+        ready = self._launch(replays[0]) if replays else None
+        for j, replay in enumerate(replays):
+            after = self._launch(replays[j + 1]) if j + 1 < len(replays) else None
+            ready.synchronize()
+            tokens = replay.tokens.copy()
+            ready = after
+            yield from tokens
+
+
+class ShapeGraphs:
+    """fn(*arrays) -> array on the GPU, replayed from a CUDA graph captured once per input
+    shapes (and matmul precision): a stage of a few hundred kernels, an encoder pass or a
+    prompt prefill, then costs one launch instead of a Python call per kernel.
+
+    The first call of a shape runs fn eagerly (compiling its kernels), then captures it on
+    a private stream and memory pool. Inputs are copied into the graph's buffers and the
+    result is copied out, so it outlives the next replay. fn must read nothing else that
+    changes between calls except through device memory (a KV cache's span).
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn, self.graphs = fn, {}
+
+    def __call__(self, *arrays):
+        import cupy
+
+        key = (tuple((a.shape, a.dtype.str) for a in arrays), get_matmul_precision())
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(arrays)
+        inputs, out, graph, _ = self.graphs[key]
+        for buf, a in zip(inputs, arrays):
+            buf[...] = a
+        graph.launch(cupy.cuda.get_current_stream())
+        return out.copy()
+
+    def _capture(self, arrays):
+        import cupy
+
+        pool = cupy.cuda.MemoryPool()
+        current = cupy.cuda.get_current_stream()
+        stream = cupy.cuda.Stream(non_blocking=True)
+        stream.wait_event(current.record())
+        with cupy.cuda.using_allocator(pool.malloc), stream:
+            inputs = [a.copy() for a in arrays]
+            self.fn(*inputs)                    # compiles every kernel, fills the pool
+            stream.begin_capture()
+            out = self.fn(*inputs)
+            graph = stream.end_capture()
+        current.wait_event(stream.record())
+        return inputs, out, graph, pool
+
+
+def graphed(xp, fn: Callable) -> Callable:
+    """fn as ShapeGraphs on the GPU, fn itself on the CPU."""
+    return fn if xp is np else ShapeGraphs(fn)

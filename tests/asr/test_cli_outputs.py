@@ -1,0 +1,123 @@
+"""The transcribe command line's outputs and refusals on the tiny checkpoint (CPU): JSON Lines
+for several files, subtitle formats needing output_dir, clashing names, odd file names,
+option checking, truncated audio and unwritable outputs."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+
+def cli(*args, cwd=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home"}
+    return subprocess.run([sys.executable, "-m", "glm_asr.transcribe", *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=600)
+
+
+def one_error_line(r, *needles):
+    """Bad input: exit 1, exactly one stderr line, 'error: ...', no traceback, nothing on stdout."""
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def test_json_lines_for_several_files_with_odd_names(tiny, audio_dir, tmp_path):
+    """Two files to stdout as JSON: one JSON object per line. The files are named like a Hydra
+    override and like a flag, given relative to the working directory: both are inputs."""
+    shutil.copy(audio_dir / "speech16k.wav", tmp_path / "name=with_equals.wav")
+    shutil.copy(audio_dir / "low8k.wav", tmp_path / "-dash.wav")
+    r = cli("name=with_equals.wav", "-dash.wav", f"model.path={tiny}", "max_new_tokens=2", "device=cpu",
+            "output_format=json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and r.stdout.endswith("\n"), r.stdout
+    docs = [json.loads(line) for line in lines]
+    assert all(isinstance(d, dict) for d in docs)
+    assert [d["file"] for d in docs] == ["name=with_equals.wav", "-dash.wav"]
+    assert all(isinstance(d["text"], str) and len(d["segments"]) == 1 for d in docs)
+
+
+def test_json_for_one_file_is_one_document(tiny, audio_dir):
+    wav = audio_dir / "speech16k.wav"
+    r = cli(wav, f"model.path={tiny}", "max_new_tokens=2", "device=cpu", "output_format=json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().count("\n") > 1          # pretty printed, not a JSON line
+    doc = json.loads(r.stdout)
+    assert doc["file"] == str(wav) and doc["segments"][0]["start"] == 0 and doc["segments"][0]["end"] == 2.5
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_subtitles_for_several_files_need_output_dir(tiny, audio_dir, fmt):
+    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "max_new_tokens=2",
+            "device=cpu", f"output_format={fmt}")
+    one_error_line(r, "output_dir", fmt)
+
+
+def test_same_stem_from_two_folders(tiny, audio_dir, tmp_path):
+    for d, src in (("s1", "speech16k.wav"), ("s2", "low8k.wav")):
+        (tmp_path / d).mkdir()
+        shutil.copy(audio_dir / src, tmp_path / d / "x.wav")
+    out = tmp_path / "out"
+    r = cli(tmp_path / "s1/x.wav", tmp_path / "s2/x.wav", f"model.path={tiny}", "max_new_tokens=2",
+            "device=cpu", "output_format=json", f"output_dir={out}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    assert sorted(p.name for p in out.iterdir()) == ["x-1.json", "x-2.json"]
+    assert json.loads((out / "x-1.json").read_text())["file"] == str(tmp_path / "s1/x.wav")
+    assert json.loads((out / "x-2.json").read_text())["file"] == str(tmp_path / "s2/x.wav")
+    assert json.loads((out / "x-2.json").read_text())["segments"][0]["end"] == 1.5       # low8k: 1.5 s
+
+
+@pytest.mark.parametrize("value,message", [
+    ("abc", "max_new_tokens must be an integer"),
+    ("2.7", "max_new_tokens must be an integer"),
+    ("100000000", "exceeds the model's"),          # the tiny decoder's max_position_embeddings
+])
+def test_bad_max_new_tokens_one_line(tiny, audio_dir, value, message):
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", f"max_new_tokens={value}", "device=cpu")
+    one_error_line(r, message)
+
+
+def test_truncated_wav_warns_and_transcribes(tiny, tmp_path):
+    wav = tmp_path / "cut.wav"
+    t = np.arange(16000) / 16000
+    sf.write(wav, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
+    data = wav.read_bytes()
+    wav.write_bytes(data[: len(data) // 2])
+    r = cli(wav, f"model.path={tiny}", "max_new_tokens=2", "device=cpu")
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and str(wav) in warnings[0] and "truncated" in warnings[0], r.stderr
+    assert "Traceback" not in r.stderr and r.stdout.count("\n") == 1
+
+
+def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir, tmp_path):
+    """An output that cannot be written (its name taken by a directory: fails as root too) gets one
+    error line naming the output path (not the hidden temporary file); the other input's output is
+    written; exit 1; no temporary file is left behind."""
+    out = tmp_path / "out"
+    (out / "speech16k.txt").mkdir(parents=True)
+    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "max_new_tokens=2",
+            "device=cpu", f"output_dir={out}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and str(out / "speech16k.txt") in lines[0], r.stderr
+    assert ".speech16k.txt." not in r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["low8k.txt", "speech16k.txt"]
+    assert (out / "low8k.txt").read_text().endswith("\n")
+
+
+def test_output_dir_that_is_a_file_is_refused_before_any_work(tiny, audio_dir, tmp_path):
+    blocker = tmp_path / "outdir"
+    blocker.write_text("a file, not a directory")
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "device=cpu", f"output_dir={blocker}")
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "output_dir" in r.stderr, r.stderr
+    assert blocker.read_text() == "a file, not a directory"

@@ -1,0 +1,178 @@
+"""The command lines' shared parts, without running a model: option checking, telling input
+paths from Hydra overrides, output file names, atomic writes, finding the configs."""
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from glm_asr.formats import output_names, render, write_atomic
+from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, options, split_args
+
+
+# --- options(): checked values at the config boundary ---------------------------------------
+
+@pytest.mark.parametrize("value", ["12", " 12 ", 12, 12.0])
+def test_int_option_accepts_integers(value):
+    out = options(OmegaConf.create({"max_new_tokens": value}), {"max_new_tokens": Int})
+    assert out == {"max_new_tokens": 12} and type(out["max_new_tokens"]) is int
+
+
+@pytest.mark.parametrize("value", ["abc", 2.7, True, False, "2.7", "", float("nan"), float("inf")])
+def test_int_option_refuses_non_integers_naming_the_option(value):
+    with pytest.raises(ValueError, match=r"^max_new_tokens must be an integer") as e:
+        options({"max_new_tokens": value}, {"max_new_tokens": Int})
+    assert "\n" not in str(e.value)
+
+
+def test_float_str_and_optional_options():
+    cfg = OmegaConf.create({"temperature": "0.5", "top_p": 1, "seed": None, "prompt_file": None,
+                            "device": "cpu", "num": 3})
+    out = options(cfg, {"temperature": Float, "top_p": Float, "seed": OptInt, "prompt_file": OptStr,
+                        "device": Str, "num": OptInt})
+    assert out == {"temperature": 0.5, "top_p": 1.0, "seed": None, "prompt_file": None, "device": "cpu", "num": 3}
+    assert type(out["temperature"]) is float and type(out["top_p"]) is float
+    for bad in ("abc", True):
+        with pytest.raises(ValueError, match=r"^temperature must be a number"):
+            options({"temperature": bad}, {"temperature": Float})
+    with pytest.raises(ValueError, match=r"^seed must be an integer"):
+        options({"seed": "abc"}, {"seed": OptInt})
+    with pytest.raises(ValueError, match=r"^max_batch must be set"):      # a plain Int takes no null
+        options({"max_batch": None}, {"max_batch": Int})
+
+
+# --- split_args(): input paths beside Hydra's overrides -------------------------------------
+
+def test_split_args_existing_paths_are_inputs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("name=with_equals.wav", "-dash.wav", "plain.wav"):
+        (tmp_path / name).write_bytes(b"")
+    inputs, rest = split_args(["name=with_equals.wav", "-dash.wav", "./-dash.wav", "key=value", "--cfg=job",
+                               "-m", "plain.wav", "missing.wav", "output_format=json"])
+    assert inputs == ["name=with_equals.wav", "-dash.wav", "./-dash.wav", "plain.wav", "missing.wav"]
+    assert rest == ["key=value", "--cfg=job", "-m", "output_format=json"]
+
+
+def test_split_args_everything_after_double_dash_is_an_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    inputs, rest = split_args(["a.wav", "device=cpu", "--", "x=y.wav", "-z.wav", "--", "b.wav"])
+    assert inputs == ["a.wav", "x=y.wav", "-z.wav", "--", "b.wav"]
+    assert rest == ["device=cpu"]
+
+
+def test_split_args_hydra_flag_with_separate_value(tmp_path, monkeypatch):
+    """Hydra's `--cfg job` (also `-c job`, `-cn NAME`, `--info config`) is a flag and its value:
+    the value must go to Hydra with the flag, not become an input file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.wav").write_bytes(b"")
+    inputs, rest = split_args(["a.wav", "--cfg", "job", "device=cpu"])
+    assert inputs == ["a.wav"]
+    assert rest == ["--cfg", "job", "device=cpu"]
+
+
+# --- output_names(): one output per input, never two the same --------------------------------
+
+def test_output_names_unique_stems_kept():
+    assert output_names(["a/one.wav", "two.flac", "/abs/three.ogg"], "srt") == ["one.srt", "two.srt", "three.srt"]
+
+
+def test_output_names_clashing_stems_numbered_in_order():
+    assert output_names(["s1/x.wav", "s2/x.wav"], "txt") == ["x-1.txt", "x-2.txt"]
+    assert output_names(["x.wav", "x.flac", "y.wav"], "json") == ["x-1.json", "x-2.json", "y.json"]
+
+
+def test_output_names_never_take_another_inputs_name():
+    names = output_names(["x-1.wav", "a/x.wav", "b/x.wav"], "txt")
+    assert names[0] == "x-1.txt" and len(set(names)) == 3
+    assert output_names(["a/x.wav", "x-1.wav", "b/x.wav", "x-3.wav"], "txt") == \
+        ["x-2.txt", "x-1.txt", "x-4.txt", "x-3.txt"]
+
+
+def test_output_names_always_distinct():
+    """Every small mix of clashing and number-suffixed stems gives distinct names."""
+    stems = ["x", "x-1", "x-2", "x-1-1", "y"]
+    for n in range(1, 5):
+        for combo in itertools.product(stems, repeat=n):
+            paths = [f"d{i}/{s}.wav" for i, s in enumerate(combo)]
+            names = output_names(paths, "txt")
+            assert len(set(names)) == len(names), (combo, names)
+            for s, name in zip(combo, names):
+                if combo.count(s) == 1:
+                    assert name == f"{s}.txt", (combo, names)
+
+
+# --- render() and write_atomic() ---------------------------------------------------------------
+
+SEGMENTS = [{"start": 0.0, "end": 30.0, "text": "hello\nthere"}, {"start": 30.0, "end": 31.5, "text": "東京"}]
+
+
+def test_render_json_line_is_one_json_line():
+    line = render("json", "a b.wav", SEGMENTS, json_line=True)
+    assert line.endswith("\n") and line.count("\n") == 1
+    doc = json.loads(line)
+    assert doc["file"] == "a b.wav" and doc["segments"] == SEGMENTS and doc["text"] == "hello\nthere 東京"
+    pretty = render("json", "a b.wav", SEGMENTS)
+    assert pretty.count("\n") > 1 and json.loads(pretty) == doc
+
+
+def _leftovers(d: Path) -> list[str]:
+    return [p.name for p in d.iterdir() if p.name.startswith(".")]
+
+
+def test_write_atomic_writes_and_replaces(tmp_path):
+    target = tmp_path / "sub" / "x.txt"
+    write_atomic(target, "one\n")
+    write_atomic(target, "two\n")
+    assert target.read_text() == "two\n" and _leftovers(target.parent) == []
+
+
+def test_write_atomic_output_dir_is_a_file(tmp_path):
+    """output_dir an existing regular file: fails even as root; the error names the output."""
+    blocker = tmp_path / "outdir"
+    blocker.write_text("not a directory")
+    target = blocker / "x.txt"
+    with pytest.raises(OSError) as e:
+        write_atomic(target, "text")
+    msg = str(e.value)
+    assert str(target) in msg and ".x.txt." not in msg and "\n" not in msg
+    assert blocker.read_text() == "not a directory" and _leftovers(tmp_path) == []
+
+
+def test_write_atomic_failed_rename_leaves_no_temp_file(tmp_path):
+    """The target is an existing directory: the temporary file is written, the rename fails;
+    the error names the output and the temporary file is removed."""
+    target = tmp_path / "x.txt"
+    target.mkdir()
+    (target / "keep").write_text("")
+    with pytest.raises(OSError) as e:
+        write_atomic(target, "text")
+    msg = str(e.value)
+    assert str(target) in msg and ".x.txt." not in msg
+    assert _leftovers(tmp_path) == [] and [p.name for p in target.iterdir()] == ["keep"]
+
+
+def test_write_atomic_read_only_directory(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    try:
+        if os.access(d, os.W_OK):
+            pytest.skip("running as root: a read-only mode does not stop writes")
+        with pytest.raises(OSError) as e:
+            write_atomic(d / "x.txt", "text")
+        assert str(d / "x.txt") in str(e.value) and ".x.txt." not in str(e.value)
+        assert list(d.iterdir()) == []
+    finally:
+        d.chmod(0o755)
+
+
+# --- config_dir(): the Hydra configs of each model package ------------------------------------
+
+@pytest.mark.parametrize("package,name", [("gpt", "generate.yaml"), ("glm_asr", "transcribe.yaml")])
+def test_config_dir_has_the_app_config(package, name):
+    d = Path(config_dir(package))
+    assert d.is_absolute() and (d / name).is_file() and (d / "model").is_dir()
+    text = (d / name).read_text()
+    assert "defaults:" in text and "device:" in text
