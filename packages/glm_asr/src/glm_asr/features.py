@@ -1,61 +1,24 @@
 """Audio in, log-mel features out, exactly as transformers' WhisperFeatureExtractor
 (feature_size=128) computes them for each 30 s window.
 
-soundfile reads the file, channels are averaged to mono, librosa resamples to 16 kHz and
-provides the Slaney mel filters; the STFT is an rfft over a periodic Hann window, in float64
-with numpy on the CPU or with cupy on the GPU (the same code: xp is the array module).
+audio.py reads the samples; librosa provides the Slaney mel filters; the STFT is an rfft over a
+periodic Hann window, in float64 with numpy on the CPU or with cupy on the GPU (the same code: xp
+is the array module).
 """
 from __future__ import annotations
 
 import math
-import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
-SAMPLE_RATE = 16000
+from .audio import SAMPLE_RATE, AudioError, read_audio  # noqa: F401  (read_audio: the whole-file form)
+
 N_FFT, HOP = 400, 160
 WINDOW_SECONDS = 30
 WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE          # 480000
 FRAMES = WINDOW_SAMPLES // HOP                         # 3000
-
-
-class AudioError(Exception):
-    """An audio file that cannot be transcribed; one line for the user."""
-
-
-def read_audio(path: str | Path) -> np.ndarray:
-    """Mono float32 samples at 16 kHz from any file libsndfile reads."""
-    import soundfile
-
-    p = Path(path)
-    if not p.exists():
-        raise AudioError(f"{path}: no such file")
-    if p.is_dir():
-        raise AudioError(f"{path}: is a directory")
-    try:
-        with soundfile.SoundFile(str(p)) as f:
-            data, rate, log = f.read(dtype="float32", always_2d=True), f.samplerate, f.extra_info
-    except Exception as e:  # soundfile raises LibsndfileError, RuntimeError, TypeError...
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise AudioError(f"{path}: not a readable audio file ({msg})") from None
-    short = re.search(r"data\s*:\s*(\d+) \(should be (\d+)\)", log)      # libsndfile's note on a cut-short file
-    if short and int(short.group(2)) < int(short.group(1)):
-        got = data.shape[0] / rate
-        print(f"warning: {path}: truncated: its header claims {got * int(short.group(1)) / int(short.group(2)):.2f} s, "
-              f"{got:.2f} s read", file=sys.stderr)
-    if data.shape[0] == 0:
-        raise AudioError(f"{path}: contains no samples")
-    if not np.isfinite(data).all():
-        raise AudioError(f"{path}: contains NaN or infinite samples")
-    mono = data.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        import librosa
-
-        mono = librosa.resample(mono, orig_sr=rate, target_sr=SAMPLE_RATE)
-    return np.ascontiguousarray(mono, dtype=np.float32)
 
 
 _FILTERS: np.ndarray | None = None
@@ -107,17 +70,31 @@ class Window:
     tokens: int                 # audio embeddings that belong to real audio
 
 
-def windows(samples: np.ndarray, n_mels: int = 128, xp=np) -> list[Window]:
-    """Non-overlapping 30 s windows with their features (computed with xp: cupy puts them on
-    the GPU); a too-short tail is dropped."""
-    out = []
-    for start in range(0, len(samples), WINDOW_SAMPLES):
-        chunk = samples[start: start + WINDOW_SAMPLES]
-        tokens = audio_tokens(valid_frames(len(chunk)))
-        if tokens < 1:
-            continue
-        out.append(Window(start / SAMPLE_RATE, (start + len(chunk)) / SAMPLE_RATE, log_mel(chunk, n_mels, xp), tokens))
-    if not out:
-        raise AudioError(f"audio too short to transcribe ({len(samples) / SAMPLE_RATE * 1000:.0f} ms; "
+def stream_windows(blocks: Iterable[np.ndarray], n_mels: int = 128, xp=np, offset_s: float = 0.0) -> Iterator[Window]:
+    """Non-overlapping 30 s windows with their features (computed with xp: cupy puts them on the
+    GPU) from samples arriving in blocks of any size; times in the file's time (offset_s: that of
+    the first sample). A too-short tail is dropped; audio with no window at all is an AudioError."""
+    buf, start, made = np.zeros(0, np.float32), 0, False
+    blocks = iter(blocks)
+    while True:
+        block = next(blocks, None)
+        if block is not None:
+            buf = np.concatenate([buf, block]) if len(buf) else block
+        while len(buf) >= WINDOW_SAMPLES or (block is None and len(buf)):
+            chunk, buf = buf[:WINDOW_SAMPLES], buf[WINDOW_SAMPLES:]
+            tokens = audio_tokens(valid_frames(len(chunk)))
+            if tokens >= 1:
+                made = True
+                yield Window(offset_s + start / SAMPLE_RATE, offset_s + (start + len(chunk)) / SAMPLE_RATE,
+                             log_mel(chunk, n_mels, xp), tokens)
+            start += len(chunk)
+        if block is None:
+            break
+    if not made:
+        raise AudioError(f"audio too short to transcribe ({start / SAMPLE_RATE * 1000:.0f} ms; "
                          f"at least {6 * HOP / SAMPLE_RATE * 1000 + 1:.0f} ms needed)")
-    return out
+
+
+def windows(samples: np.ndarray, n_mels: int = 128, xp=np) -> list[Window]:
+    """stream_windows of samples held whole."""
+    return list(stream_windows([samples], n_mels, xp))

@@ -41,8 +41,9 @@ def render(fmt: str, source: str, segments: list[dict], json_line: bool = False)
 def output_names(paths: list[str], fmt: str) -> list[str]:
     """The output file name of each input: <stem>.<fmt>; inputs whose stems clash (s1/x.wav and
     s2/x.wav, or x.wav and x.flac) become <stem>-1.<fmt>, <stem>-2.<fmt>, ... in argument order
-    (skipping names another input already has), so no transcript overwrites another."""
-    stems = [Path(p).stem for p in paths]
+    (skipping names another input already has), so no transcript overwrites another; standard
+    input ('-') is named stdin."""
+    stems = ["stdin" if p == "-" else Path(p).stem for p in paths]
     taken = {s for s in stems if stems.count(s) == 1}
     names, seen = [], {}
     for s in stems:

@@ -2,14 +2,16 @@
 each window one greedy request that the runtime's token loop decodes."""
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from tilekernels.runtime import CheckpointError, ModelRunner, check_length, generate, load_tokenizer
 
-from .features import FRAMES, audio_tokens, windows
+from .audio import Audio
+from .features import FRAMES, audio_tokens, stream_windows
 from .model import GlmAsr
 
 ENCODER_BATCH = 8          # windows encoded together
@@ -22,12 +24,12 @@ def decode(runner: ModelRunner, ids: list[int], audio_embeds, max_new_tokens: in
     return generate(runner, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
 
 
-def window_tokens(runner: ModelRunner, wins: list, prompt_ids: Callable[[int], list[int]], max_new_tokens: int,
+def window_tokens(runner: ModelRunner, wins: Iterable, prompt_ids: Callable[[int], list[int]], max_new_tokens: int,
                   ignore_eos: bool = False) -> Iterator[tuple]:
-    """(window, generated token ids) for each window in order."""
-    model = runner.model
-    for g in range(0, len(wins), ENCODER_BATCH):
-        group = wins[g: g + ENCODER_BATCH]
+    """(window, generated token ids) for each window in order; windows are taken from `wins` (a
+    list or a stream) ENCODER_BATCH at a time."""
+    model, wins = runner.model, iter(wins)
+    while group := list(itertools.islice(wins, ENCODER_BATCH)):
         emb = model.encode(model.xp.stack([w.features for w in group]))
         for j, w in enumerate(group):
             yield w, decode(runner, prompt_ids(w.tokens), emb[j, : w.tokens], max_new_tokens, ignore_eos)
@@ -58,10 +60,12 @@ class Transcriber:
         positions (before any file is read)."""
         check_length(self.model, len(self.prompt_ids(audio_tokens(FRAMES), instruction)), max_new_tokens)
 
-    def transcribe(self, samples: np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
-        """The segments ({start, end, text}, seconds) of 16 kHz mono samples, one per window."""
+    def transcribe(self, audio: Audio | np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
+        """The segments ({start, end, text}, seconds in the file's time) of an opened input, read
+        block by block (memory bounded by ENCODER_BATCH windows), or of 16 kHz mono samples."""
         segments = []
-        wins = windows(samples, self.model.config.encoder.num_mel_bins, self.model.xp)
+        blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
+        wins = stream_windows(blocks, self.model.config.encoder.num_mel_bins, self.model.xp, offset)
         prompt = lambda n: self.prompt_ids(n, instruction)      # noqa: E731
         for w, tokens in window_tokens(self.runner, wins, prompt, max_new_tokens):
             text = self.tok.decode(tokens, skip_special_tokens=True)

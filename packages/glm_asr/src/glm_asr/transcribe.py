@@ -9,61 +9,79 @@ Speech recognition with GLM-ASR on tilekernels. Each 30 s window of a file is on
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
-from tilekernels.runtime.cli import Int, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
+from tilekernels.runtime.cli import Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
 
-from .features import AudioError, read_audio
+from .audio import Audio, AudioError, expand_inputs, stdin_to_file
 from .formats import FORMATS, output_names, render, write_atomic
 from .pipeline import Transcriber
 
 _FILES: list[str] = []
 
 
-def run(cfg: DictConfig, files: list[str]) -> int:
+def run(cfg: DictConfig, args: list[str]) -> int:
     o = options(cfg, {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str,
-                      "device": Str})
+                      "device": Str, "audio_stream": OptInt})
     fmt, out_dir = o["output_format"], o["output_dir"]
     if fmt not in FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if o["max_new_tokens"] < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {o['max_new_tokens']}")
-    if not files:
-        raise ValueError("no audio files given: python -m glm_asr.transcribe FILE [FILE ...]")
-    if fmt in ("srt", "vtt") and len(files) > 1 and not out_dir:
+    if o["audio_stream"] is not None and o["audio_stream"] < 0:
+        raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
+    if not args:
+        raise ValueError("no audio files given: python -m glm_asr.transcribe FILE|DIR|-|'GLOB' [...]")
+    if args.count("-") > 1:
+        raise ValueError("standard input ('-') can be read once only")
+    files, errors = expand_inputs(args, extensions(cfg.extensions))
+    if fmt in ("srt", "vtt") and len(files) + len(errors) > 1 and not out_dir:
         raise ValueError(f"output_format={fmt} with several files needs output_dir=DIR (one subtitle file each)")
     if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"output_dir {out_dir}: exists and is not a directory")
     names = output_names(files, fmt)
     asr = Transcriber(from_model_config(cfg.model), pick_device(o["device"]))
     asr.check(o["prompt"], o["max_new_tokens"])
-    failed = 0
+    for e in errors:
+        print(f"error: {e}", file=sys.stderr)
+    failed = len(errors)
     from tqdm import tqdm
 
-    for f, name in zip(files, names):
-        try:
-            samples = read_audio(f)
-            with tqdm(total=round(len(samples) / 16000, 1), unit="s", desc=Path(f).name, file=sys.stderr,
-                      disable=not sys.stderr.isatty(), leave=False) as bar:
-                segments = asr.transcribe(samples, o["prompt"], o["max_new_tokens"], bar)
-        except AudioError as e:
-            print(f"error: {e}" if str(e).startswith(f) else f"error: {f}: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        if out_dir:
+    with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
+        for f, name in zip(files, names):
             try:
-                write_atomic(Path(out_dir) / name, render(fmt, f, segments))
-            except OSError as e:
-                print(f"error: {e}", file=sys.stderr)
+                audio = Audio(stdin_to_file(scratch) if f == "-" else f, o["audio_stream"], name=f)
+                with tqdm(total=audio.seconds and round(audio.seconds, 1), unit="s", desc=Path(f).name,
+                          file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
+                    segments = asr.transcribe(audio, o["prompt"], o["max_new_tokens"], bar)
+            except AudioError as e:
+                print(f"error: {e}" if str(e).startswith(f) else f"error: {f}: {e}", file=sys.stderr)
                 failed += 1
-        else:       # several JSON documents on one stream: JSON Lines
-            sys.stdout.write(render(fmt, f, segments, json_line=len(files) > 1))
-            sys.stdout.flush()
+                continue
+            if out_dir:
+                try:
+                    write_atomic(Path(out_dir) / name, render(fmt, f, segments))
+                except OSError as e:
+                    print(f"error: {e}", file=sys.stderr)
+                    failed += 1
+            else:       # several JSON documents on one stream: JSON Lines
+                sys.stdout.write(render(fmt, f, segments, json_line=len(files) > 1))
+                sys.stdout.flush()
     return 1 if failed else 0
+
+
+def extensions(value) -> list[str]:
+    """extensions=wav,mp4 or a list: the file types a folder argument takes."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    out = [str(e).strip().lstrip(".").lower() for e in items if str(e).strip()]
+    if not out:
+        raise ValueError("extensions must name at least one file type, e.g. extensions=wav,flac,mp4")
+    return out
 
 
 @hydra.main(version_base=None, config_path=config_dir("glm_asr"), config_name="transcribe")
@@ -73,7 +91,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Audio paths first-class beside Hydra's key=value overrides: an existing path is always an
-    input (even named a=b.wav or -x.wav), and so is everything after '--'."""
+    input (even named a=b.wav or -x.wav), so are '-' (standard input) and everything after '--'."""
     _FILES[:], rest = split_args(sys.argv[1:])
     sys.argv = [sys.argv[0]] + rest
     _hydra_main()

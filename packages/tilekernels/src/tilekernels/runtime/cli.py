@@ -62,7 +62,7 @@ def options(cfg, kinds: dict[str, str]) -> dict:
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
     """(input paths, Hydra arguments): an existing path is always an input, even with '=' in its
-    name or a leading '-'; everything after '--' is an input; other 'key=value' and '-flag'
+    name or a leading '-', and so is '-' (standard input); everything after '--' is an input; other 'key=value' and '-flag'
     arguments go to Hydra (with the value of a Hydra flag that takes one: --cfg job); anything
     else is an input (a missing file, reported as such)."""
     inputs, rest, i = [], [], 0
@@ -70,7 +70,7 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
         a = args[i]
         if a == "--":
             return inputs + args[i + 1:], rest
-        if Path(a).exists() or ("=" not in a and not a.startswith("-")):
+        if a == "-" or Path(a).exists() or ("=" not in a and not a.startswith("-")):
             inputs.append(a)
         else:
             rest.append(a)
