@@ -96,3 +96,12 @@ def _save(tensors: dict, path: Path, dtype: str) -> None:
         text = json.dumps(header).encode()
         text += b" " * (-len(text) % 8)
         path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def generate(model, tokenizer, prompts, max_new_tokens: int, sampling, **options):
+    """gpt's Python API (LanguageModel.generate) for a loaded GPT and tokenizer under a Sampling."""
+    from gpt import LanguageModel
+
+    s = sampling
+    return LanguageModel(model, tokenizer).generate(prompts, max_new_tokens, s.temperature, s.top_k, s.top_p,
+                                                    s.repetition_penalty, **options)

@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from checkpoints import make_gpt2
+from checkpoints import generate, make_gpt2
 
-from gpt.generation import generate
 from gpt.model import GPT
 from tilekernels.runtime import Sampling, load_tokenizer
 

@@ -5,9 +5,9 @@ import sys
 
 import numpy as np
 import pytest
-from checkpoints import make_gpt2
+from checkpoints import generate, make_gpt2
 
-from gpt.generation import generate
+from gpt import LanguageModel
 from gpt.model import GPT
 from tilekernels.runtime import Sampler, Sampling
 from tilekernels.runtime import TextStream, load_tokenizer
@@ -62,12 +62,11 @@ def test_generate_batch_seed_and_stop(ckpt):
     alone = generate(model, tok, ["the slings and arrows of"], 10, Sampling(temperature=0))[0]
     batched = generate(model, tok, ["To be", "the slings and arrows of"], 10, Sampling(temperature=0))
     assert [o.tokens for o in batched] == [greedy.tokens, alone.tokens]     # left padding is invisible
-    pieces = []
     text = greedy.text
     if len(text) > 3:
         stop = text[2:4]
-        out = generate(model, tok, ["To be"], 10, Sampling(temperature=0), stop=[stop],
-                       on_text=lambda i, p: pieces.append(p))[0]
+        out = generate(model, tok, ["To be"], 10, Sampling(temperature=0), stop=[stop])[0]
+        pieces = list(LanguageModel(model, tok).stream("To be", 10, temperature=0, stop=[stop]))
         assert out.text == text[: text.index(stop)] and "".join(pieces) == out.text
 
 

@@ -2,9 +2,8 @@
 import cupy
 import numpy as np
 import pytest
-from checkpoints import make_gpt2
+from checkpoints import generate, make_gpt2
 
-from gpt.generation import generate
 from gpt.model import GPT
 from tilekernels.runtime import Sampler, Sampling
 from tilekernels.runtime import load_tokenizer

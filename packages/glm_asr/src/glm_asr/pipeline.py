@@ -70,6 +70,6 @@ class Transcriber:
         for w, tokens in window_tokens(self.runner, wins, prompt, max_new_tokens):
             text = self.tok.decode(tokens, skip_special_tokens=True)
             segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
-            if progress:
+            if progress is not None:
                 progress.update(w.end_s - w.start_s)
         return segments

@@ -9,7 +9,6 @@ Speech recognition with GLM-ASR on tilekernels. Each 30 s window of a file is on
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
@@ -18,7 +17,8 @@ from omegaconf import DictConfig
 from tilekernels.runtime import from_model_config, pick_device
 from tilekernels.runtime.cli import Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
 
-from .audio import Audio, AudioError, expand_inputs, stdin_to_file
+from .api import SpeechRecognizer
+from .audio import expand_inputs
 from .formats import FORMATS, output_names, render, write_atomic
 from .pipeline import Transcriber
 
@@ -45,32 +45,30 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"output_dir {out_dir}: exists and is not a directory")
     names = output_names(files, fmt)
-    asr = Transcriber(from_model_config(cfg.model), pick_device(o["device"]))
-    asr.check(o["prompt"], o["max_new_tokens"])
+    asr = SpeechRecognizer(Transcriber(from_model_config(cfg.model), pick_device(o["device"])))
+    asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     failed = len(errors)
     from tqdm import tqdm
 
-    with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
-        for f, name in zip(files, names):
-            try:
-                audio = Audio(stdin_to_file(scratch) if f == "-" else f, o["audio_stream"], name=f)
-                with tqdm(total=audio.seconds and round(audio.seconds, 1), unit="s", desc=Path(f).name,
-                          file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
-                    segments = asr.transcribe(audio, o["prompt"], o["max_new_tokens"], bar)
-            except AudioError as e:
-                print(f"error: {e}" if str(e).startswith(f) else f"error: {f}: {e}", file=sys.stderr)
+    with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
+        results = asr.transcribe_many(files, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"],
+                                      audio_stream=o["audio_stream"], progress=bar)
+        for name, r in zip(names, results):
+            if r.error:
+                print(f"error: {r.error}", file=sys.stderr)
                 failed += 1
                 continue
+            doc = r.to_dict()
             if out_dir:
                 try:
-                    write_atomic(Path(out_dir) / name, render(fmt, f, segments))
+                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"]))
                 except OSError as e:
                     print(f"error: {e}", file=sys.stderr)
                     failed += 1
             else:       # several JSON documents on one stream: JSON Lines
-                sys.stdout.write(render(fmt, f, segments, json_line=len(files) > 1))
+                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1))
                 sys.stdout.flush()
     return 1 if failed else 0
 

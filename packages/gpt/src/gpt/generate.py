@@ -12,11 +12,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from tilekernels.runtime import Sampling, check_length, from_model_config, load_tokenizer, pick_device
+from tilekernels.runtime import from_model_config
 from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options
 
-from .generation import encode, generate
-from .model import GPT
+from .api import load
 
 DATA = Path(__file__).resolve().parent / "data"
 OmegaConf.register_new_resolver("gpt_data", lambda name: str(DATA / name), replace=True)
@@ -45,32 +44,24 @@ def run(cfg: DictConfig) -> None:
     o = options(cfg, {"max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
                       "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "max_batch": Int,
                       "prompt_file": OptStr, "device": Str})
-    sampling = Sampling(o["temperature"], o["top_k"], o["top_p"], o["repetition_penalty"])
     for name in ("max_new_tokens", "num_samples", "max_batch"):
         if o[name] < 1:
             raise ValueError(f"{name} must be >= 1, got {o[name]}")
     prompts = read_prompts(cfg.prompt, o["prompt_file"])
-    stop = stop_strings(cfg.stop)
-    directory = from_model_config(cfg.model)
-    model, tokenizer = GPT.load(directory, pick_device(o["device"])), load_tokenizer(directory)
-    check_length(model, max(len(i) for i in encode(tokenizer, prompts, model.config.eos_token_id)),
-                 o["max_new_tokens"])        # before anything is written
-    single = len(prompts) * o["num_samples"] == 1
-    if single:
-        sys.stdout.write(prompts[0])
-        sys.stdout.flush()
-
-    def stream(i: int, piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
-    outs = generate(model, tokenizer, prompts, o["max_new_tokens"], sampling, o["seed"], o["num_samples"], stop,
-                    on_text=stream if single else None, max_batch=o["max_batch"])
-    if single:
+    lm = load(str(from_model_config(cfg.model)), o["device"])
+    settings = {k: o[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")}
+    if len(prompts) * o["num_samples"] == 1:
+        pieces = lm.stream(prompts[0], stop=stop_strings(cfg.stop), **settings)
+        first = next(pieces, "")            # a bad value or a too-long prompt fails here, before any output
+        for piece in (prompts[0], first, *pieces):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
         sys.stdout.write("\n")
-    else:
-        for i, out in enumerate(outs):
-            sys.stdout.write(f"--- sample {i + 1} ---\n{prompts[i // o['num_samples']]}{out.text}\n")
+        return
+    outs = lm.generate(prompts, num_samples=o["num_samples"], stop=stop_strings(cfg.stop), max_batch=o["max_batch"],
+                       **settings)
+    for i, out in enumerate(outs):
+        sys.stdout.write(f"--- sample {i + 1} ---\n{prompts[i // o['num_samples']]}{out.text}\n")
 
 
 @hydra.main(version_base=None, config_path=config_dir("gpt"), config_name="generate")

@@ -8,7 +8,7 @@ tokenizers), imported when used.
 """
 from .checkpoint import CheckpointError, from_model_config, load_tensors, read_config, resolve, take
 from .device import device_stream, gpu_problem, move_weights, pick_device
-from .generation import Completion, check_length, generate
+from .generation import Completion, check_length, generate, text_pieces
 from .graphs import DecodeGraph, ShapeGraphs, graphed
 from .kvcache import KVCache
 from .protocol import DecoderModel
@@ -18,5 +18,5 @@ from .tokenizer import TextStream, load_tokenizer
 
 __all__ = ["GREEDY", "CheckpointError", "Completion", "DecodeGraph", "DecoderModel", "KVCache", "ModelRunner",
            "Sampler", "Sampling", "ShapeGraphs", "TextStream", "check_length", "device_stream", "from_model_config",
-           "generate", "gpu_problem", "graphed", "load_tensors", "load_tokenizer", "move_weights", "pick_device",
+           "generate", "text_pieces", "gpu_problem", "graphed", "load_tensors", "load_tokenizer", "move_weights", "pick_device",
            "read_config", "resolve", "take"]

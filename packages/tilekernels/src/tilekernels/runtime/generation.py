@@ -3,7 +3,7 @@ per new token, until every row has met an eos id, a stop string or its length.""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def check_length(model, longest: int, max_new_tokens: int) -> None:
 
 
 def generate(runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
-             seed: int | None = None, stop: Sequence[str] = (), tokenizer=None,
+             seed: int | None = None, stop: Sequence[str] | str = (), tokenizer=None,
              on_text: Callable[[int, str], None] | None = None, embeds: list | None = None,
              max_batch: int = MAX_BATCH, ignore_eos: bool = False) -> list[Completion]:
     """Continue every prompt (token ids; embeds: their input embeddings (T, C) each, when the
@@ -58,6 +58,20 @@ def generate(runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int,
     the text of prompt i as it is produced, never a broken character nor part of a stop string.
     ignore_eos: decode max_new_tokens whatever comes (benchmarks: the same work every run).
     """
+    outs = [Completion() for _ in prompts]
+    for i, piece in text_pieces(runner, prompts, max_new_tokens, sampling, seed, stop, tokenizer, embeds,
+                                max_batch, ignore_eos, outs):
+        if on_text:
+            on_text(i, piece)
+    return outs
+
+
+def text_pieces(runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
+                seed: int | None = None, stop: Sequence[str] | str = (), tokenizer=None, embeds: list | None = None,
+                max_batch: int = MAX_BATCH, ignore_eos: bool = False,
+                outs: list[Completion] | None = None) -> Iterator[tuple[int, str]]:
+    """generate's work as it happens: (prompt index, text piece) pairs, the pieces of each prompt
+    joining to its completion's text; outs (one Completion per prompt) is filled as they come."""
     model = runner.model
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: give at least one token")
@@ -65,14 +79,14 @@ def generate(runner: ModelRunner, prompts: list[list[int]], max_new_tokens: int,
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     stop = [stop] if isinstance(stop, str) else list(stop)
-    outs = [Completion() for _ in prompts]
+    outs = [Completion() for _ in prompts] if outs is None else outs
+    eos = set() if ignore_eos else set(model.eos_ids)
     for k, first in enumerate(range(0, len(prompts), max_batch)):
         rows = range(first, min(first + max_batch, len(prompts)))
         x = _inputs(model, [prompts[i] for i in rows], None if embeds is None else [embeds[i] for i in rows])
         chunk_seed = seed if k == 0 or seed is None else [seed, k]
         tokens = runner.tokens(x, [prompts[i] for i in rows], max_new_tokens, sampling, chunk_seed)
-        _loop(tokens, [outs[i] for i in rows], list(rows), tokenizer, stop, set() if ignore_eos else set(model.eos_ids), on_text)
-    return outs
+        yield from _loop(tokens, [outs[i] for i in rows], list(rows), tokenizer, stop, eos)
 
 
 def _inputs(model, prompts: list[list[int]], embeds: list | None):
@@ -92,9 +106,10 @@ def _inputs(model, prompts: list[list[int]], embeds: list | None):
     return model.embed(xp.asarray(ids), xp.asarray(positions))
 
 
-def _loop(tokens, outs: list[Completion], index: list[int], tokenizer, stop: list[str], eos: set,
-          on_text) -> None:
-    """Fold each step's tokens (B,) into the batch's completions until all have ended."""
+def _loop(tokens, outs: list[Completion], index: list[int], tokenizer, stop: list[str],
+          eos: set) -> Iterator[tuple[int, str]]:
+    """Fold each step's tokens (B,) into the batch's completions until all have ended, yielding
+    the text each step adds that can no longer turn out to be part of a stop string."""
     streams = [TextStream(tokenizer) if tokenizer else None for _ in outs]
     for tok in tokens:
         for o, t, stream, i in zip(outs, tok, streams, index):
@@ -109,12 +124,12 @@ def _loop(tokens, outs: list[Completion], index: list[int], tokenizer, stop: lis
                 if hit:
                     o.text, o.finish_reason = o.text[:min(hit)], "stop"
             upto = len(o.text) if o.done else len(o.text) - held_back(o.text, stop)
-            if on_text and upto > o.emitted:
-                on_text(i, o.text[o.emitted:upto])
+            if upto > o.emitted:
+                yield i, o.text[o.emitted:upto]
             o.emitted = max(o.emitted, upto)
         if all(o.done for o in outs):
             break
     for o, i in zip(outs, index):       # what a stop-string prefix held back at the length limit
-        if on_text and len(o.text) > o.emitted:
-            on_text(i, o.text[o.emitted:])
+        if len(o.text) > o.emitted:
+            yield i, o.text[o.emitted:]
         o.emitted = len(o.text)

@@ -1,0 +1,127 @@
+"""GLM-ASR from Python: load a model once, then transcribe files or samples.
+
+    import glm_asr
+    asr = glm_asr.load("zai-org/GLM-ASR-Nano-2512")    # a hub id or a local directory
+    r = asr.transcribe("talk.m4a")                     # a path, or samples with sample_rate=...
+    r.text, r.segments[0].start, r.segments[0].end, r.segments[0].text
+    for r in asr.transcribe_many(paths): ...           # each file's result as it completes
+"""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from tilekernels.runtime import CheckpointError, pick_device, resolve
+
+from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
+from .formats import join
+from .pipeline import Transcriber
+
+HUB_ID = "zai-org/GLM-ASR-Nano-2512"
+PROMPT = "Please transcribe this audio into text"
+
+
+class ASRError(ValueError):
+    """Bad input to the glm_asr package (a checkpoint or audio that cannot be read, an
+    out-of-range value): the message is one line for the user."""
+
+
+@dataclass
+class Segment:
+    start: float        # seconds, in the file's time
+    end: float
+    text: str
+
+
+@dataclass
+class Transcript:
+    """One input's result: its segments, their text joined, or the one-line error that stopped it
+    (transcribe_many reports a bad input this way and goes on with the others)."""
+    source: str
+    segments: list[Segment] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return join([asdict(s) for s in self.segments])
+
+    def to_dict(self) -> dict:
+        return {"file": self.source, "text": self.text, "segments": [asdict(s) for s in self.segments]}
+
+
+@contextlib.contextmanager
+def _one_line():
+    try:
+        yield
+    except ASRError:
+        raise
+    except (CheckpointError, AudioError, ValueError, OSError) as e:
+        raise ASRError(str(e)) from None
+
+
+def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None) -> "SpeechRecognizer":
+    """GLM-ASR from a hub id (through the HF cache) or a local checkpoint directory, on device
+    'auto' (the GPU when one works), 'gpu' or 'cpu'."""
+    with _one_line():
+        return SpeechRecognizer(Transcriber(resolve(str(model), revision), pick_device(device)))
+
+
+class SpeechRecognizer:
+    """A loaded model; options are those of python -m glm_asr.transcribe."""
+
+    def __init__(self, transcriber: Transcriber):
+        self.transcriber = transcriber
+        self.device = "cpu" if transcriber.model.xp is np else "gpu"
+
+    def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *, prompt: str = PROMPT,
+                   max_new_tokens: int = 500, audio_stream: int | None = None, progress=None) -> Transcript:
+        """The transcript of a file (any format the CLI reads; '-' is standard input) or of
+        samples ((n,) or (n, channels) at sample_rate: mixed to mono, resampled to 16 kHz).
+        Raises ASRError for input that cannot be transcribed. progress: anything with
+        update(seconds) (a tqdm bar), told the audio done window by window."""
+        with _one_line():
+            self.transcriber.check(prompt, max_new_tokens)
+            if isinstance(audio, np.ndarray):
+                return Transcript("<samples>", self._segments(_samples(audio, sample_rate), prompt, max_new_tokens,
+                                                              progress))
+            if sample_rate is not None:
+                raise ValueError("sample_rate is for samples; a file carries its own")
+            name = str(audio)
+            with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
+                path = stdin_to_file(scratch) if name == "-" else name
+                opened = Audio(path, audio_stream, name=name)
+                return Transcript(name, self._segments(opened, prompt, max_new_tokens, progress))
+
+    def transcribe_many(self, inputs: Iterable[str | Path], **options) -> Iterator[Transcript]:
+        """transcribe of each input in order, yielded as each completes; an input that cannot be
+        transcribed yields a Transcript with .error set, and the others go on."""
+        for source in inputs:
+            try:
+                yield self.transcribe(source, **options)
+            except ASRError as e:
+                msg = str(e)
+                yield Transcript(str(source), error=msg if msg.startswith(str(source)) else f"{source}: {msg}")
+
+    def _segments(self, audio, prompt: str, max_new_tokens: int, progress) -> list[Segment]:
+        return [Segment(**s) for s in self.transcriber.transcribe(audio, prompt, max_new_tokens, progress)]
+
+
+def _samples(x: np.ndarray, rate: int | None) -> np.ndarray:
+    """(n,) or (n, channels) samples at `rate` as 16 kHz mono float32."""
+    if rate is None:
+        raise ValueError("sample_rate is needed with samples")
+    if x.ndim not in (1, 2) or x.size == 0:
+        raise ValueError(f"samples must be (n,) or (n, channels), got shape {x.shape}")
+    if not np.isfinite(x).all():
+        raise ValueError("samples contain NaN or infinite values")
+    mono = (x if x.ndim == 1 else x.mean(axis=1)).astype(np.float32)
+    if rate != SAMPLE_RATE:
+        import soxr
+
+        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality="HQ").astype(np.float32)
+    return np.ascontiguousarray(mono)

@@ -1,0 +1,115 @@
+"""GPT-2 from Python: load a model once, then generate, stream or score.
+
+    import gpt
+    lm = gpt.load("shakespeare")                 # a bundled name, a hub id or a local directory
+    outs = lm.generate(["ROMEO:", "JULIET:"], max_new_tokens=50, temperature=0.8, seed=1)
+    outs[0].text, outs[0].tokens, outs[0].finish_reason
+    for piece in lm.stream("ROMEO:", max_new_tokens=50): print(piece, end="")
+    logits = lm.logits([[464, 3290]])           # (B, T, vocab) on the model's device
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from tilekernels.runtime import (CheckpointError, Completion, ModelRunner, Sampling, generate, load_tokenizer,
+                                 pick_device, resolve, text_pieces)
+from tilekernels.runtime.generation import MAX_BATCH
+
+from .model import GPT
+
+DATA = Path(__file__).resolve().parent / "data"
+BUNDLED = {"shakespeare": DATA / "shakespeare"}
+
+
+class GPTError(ValueError):
+    """Bad input to the gpt package (a checkpoint that cannot be read, an out-of-range value, a
+    prompt too long for the model): the message is one line for the user."""
+
+
+@contextlib.contextmanager
+def _one_line():
+    try:
+        yield
+    except GPTError:
+        raise
+    except (CheckpointError, ValueError, OSError) as e:
+        raise GPTError(str(e)) from None
+
+
+def load(model: str = "shakespeare", device: str = "auto", revision: str | None = None) -> "LanguageModel":
+    """A GPT-2-architecture model and its tokenizer: a bundled name ('shakespeare'), a hub id
+    ('gpt2', 'gpt2-medium', ...; through the HF cache) or a local checkpoint directory, on
+    device 'auto' (the GPU when one works), 'gpu' or 'cpu'."""
+    with _one_line():
+        directory = BUNDLED[model] if model in BUNDLED else resolve(str(model), revision)
+        return LanguageModel(GPT.load(directory, pick_device(device)), load_tokenizer(directory))
+
+
+class LanguageModel:
+    """A loaded model: generate, stream and logits (one runner, whose KV cache and CUDA graphs
+    are kept between calls of the same batch size and sampling settings)."""
+
+    def __init__(self, model: GPT, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.device = "cpu" if model.xp is np else "gpu"
+        self.runner = ModelRunner(model)
+
+    def encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Token ids of each prompt (text, or already ids); an empty one starts from <|endoftext|>."""
+        eos = self.model.config.eos_token_id
+        return [(self.tokenizer.encode(p).ids if isinstance(p, str) else [int(t) for t in p]) or [eos]
+                for p in prompts]
+
+    def generate(self, prompts: str | Sequence[str | Sequence[int]], max_new_tokens: int = 100,
+                 temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0,
+                 seed: int | None = None, num_samples: int = 1, stop: str | Sequence[str] = (),
+                 max_batch: int = MAX_BATCH) -> list[Completion]:
+        """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
+        continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
+        temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU; stop: one
+        string or several; prompts run max_batch rows at a time."""
+        with _one_line():
+            ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
+                                          num_samples)
+            return generate(self.runner, ids, max_new_tokens, sampling, seed, stop, self.tokenizer,
+                            max_batch=max_batch)
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 100, temperature: float = 0.8,
+               top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
+               stop: str | Sequence[str] = ()) -> Iterator[str]:
+        """The text of one completion in pieces as it is generated (never a broken character nor
+        part of a stop string); the pieces join to generate's text for the same settings."""
+        with _one_line():
+            ids, sampling = self._request([prompt], max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
+            pieces = text_pieces(self.runner, ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
+            for _, piece in pieces:
+                yield piece
+
+    def logits(self, ids) -> object:
+        """Logits (B, T, vocab) of token ids (B, T) (or (T,)) on the model's device: numpy on the
+        CPU, cupy on the GPU."""
+        xp = self.model.xp
+        with _one_line():
+            ids = np.asarray(ids, dtype=np.int64)
+            ids = ids[None] if ids.ndim == 1 else ids
+            if ids.ndim != 2 or ids.size == 0:
+                raise ValueError(f"ids must be (B, T) token ids, got shape {ids.shape}")
+            if ids.min() < 0 or ids.max() >= self.model.config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {self.model.config.vocab_size})")
+            if ids.shape[1] > self.model.max_positions:
+                raise ValueError(f"{ids.shape[1]} tokens exceed the model's {self.model.max_positions} positions")
+            cache = self.model.new_cache(ids.shape[0], ids.shape[1])
+            positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+            return self.model.forward(xp.asarray(ids), xp.asarray(positions), cache, last_only=False)
+
+    def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples):
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty))
+        return [p for p in self.encode(prompts) for _ in range(num_samples)], sampling
