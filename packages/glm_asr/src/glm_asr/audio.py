@@ -173,7 +173,8 @@ def read_audio(path: str | Path, audio_stream: int | None = None) -> np.ndarray:
 # -------------------------------------------------------------------- inputs
 def expand_inputs(args: list[str], extensions=EXTENSIONS) -> tuple[list[str], list[str]]:
     """(inputs, errors): each argument as given ('-' is standard input), a directory as the files
-    inside it whose extension is one of `extensions` (recursively, in sorted path order), a glob
+    inside it whose extension is one of `extensions` (recursively, in sorted path order, hidden
+    files such as macOS's ._x.wav skipped), a glob
     pattern that is not an existing path as its matches (sorted; '**' recurses), the same on every
     shell. A pattern or directory that yields nothing is an error line."""
     exts = {"." + e.lower().lstrip(".") for e in extensions}
@@ -183,7 +184,8 @@ def expand_inputs(args: list[str], extensions=EXTENSIONS) -> tuple[list[str], li
         if a == "-" or p.is_file():
             inputs.append(a)
         elif p.is_dir():
-            found = sorted(str(f) for f in p.rglob("*") if f.is_file() and f.suffix.lower() in exts)
+            found = sorted(str(f) for f in p.rglob("*")
+                           if f.is_file() and f.suffix.lower() in exts and not f.name.startswith("."))
             inputs += found
             if not found:
                 errors.append(f"{a}: no audio or video files ({', '.join(sorted(e[1:] for e in exts))})")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import tempfile
 from pathlib import Path
@@ -44,10 +45,11 @@ def output_names(paths: list[str], fmt: str) -> list[str]:
     (skipping names another input already has), so no transcript overwrites another; standard
     input ('-') is named stdin."""
     stems = ["stdin" if p == "-" else Path(p).stem for p in paths]
-    taken = {s for s in stems if stems.count(s) == 1}
+    counts = Counter(stems)
+    taken = {s for s in stems if counts[s] == 1}
     names, seen = [], {}
     for s in stems:
-        if s in taken and stems.count(s) == 1:
+        if counts[s] == 1:
             names.append(f"{s}.{fmt}")
             continue
         n = seen.get(s, 0) + 1
@@ -68,6 +70,9 @@ def write_atomic(path: Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)       # mkstemp's 0600 would outlive the rename
         os.replace(tmp, path)
     except OSError as e:
         raise OSError(f"{path}: cannot write ({e.strerror or e})") from None

@@ -1,0 +1,285 @@
+"""python -m glm_asr.bulk on Dask distributed (CPU, the tiny checkpoint): the same transcripts as the
+transcribe command line's output_dir, errors.jsonl, resume, a worker killed mid-run, a scheduler
+address; and the manifest, task planning and worker pinning as units."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from glm_asr import bulk
+
+FILES = ["long.flac", "notaudio.wav", "other/speech16k.wav", "quiet.ogg", "six48k.wav", "talk/speech16k.wav"]
+NAMES = ["long.json", "quiet.json", "six48k.json", "speech16k-1.json", "speech16k-2.json"]     # notaudio fails
+COMMON = ["device=cpu", "max_new_tokens=2", "output_format=json"]
+
+
+def run_module(module, *args, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home"}
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, audio_dir):
+    """Six files, one corrupt, two with the same stem; and a manifest naming them relative to itself."""
+    d = tmp_path_factory.mktemp("corpus")
+    for dst, src in zip(FILES, ["long.flac", "notaudio.wav", "low8k.wav", "quiet.ogg", "six48k.wav", "speech16k.wav"]):
+        (d / dst).parent.mkdir(exist_ok=True)
+        shutil.copy(audio_dir / src, d / dst)
+    (d / "manifest.txt").write_text("# the corpus, sorted as a directory listing is\n\n" + "\n".join(
+        f"  {f}  " if i == 2 else f for i, f in enumerate(FILES)) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, corpus, tmp_path_factory):
+    """The single-process command line's output_dir for the same files, in the same order."""
+    out = tmp_path_factory.mktemp("cli_out")
+    r = run_module("glm_asr.transcribe", *[corpus / f for f in FILES], f"model.path={tiny}", *COMMON,
+                   f"output_dir={out}")
+    assert r.returncode == 1 and "notaudio.wav" in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == NAMES
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """One LocalCluster of 2 worker processes on 127.0.0.1 for the module (scheduler=ADDRESS), whose
+    workers exit once when a marker named after an output is put in crash_dir."""
+    from distributed import Client
+
+    crash_dir = tmp_path_factory.mktemp("crash")
+    c = bulk.local_cluster([{bulk.CRASH_ENV: str(crash_dir), "GLM_ASR_TEST_PIN": str(i)} for i in range(2)])
+    try:
+        with Client(c) as client:
+            client.wait_for_workers(2, timeout=120)
+        c.crash_dir = crash_dir
+        yield c
+    finally:
+        c.close()
+
+
+def outputs(d: Path) -> dict:
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.name != bulk.ERRORS}
+
+
+def mtimes(d: Path) -> dict:
+    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+
+
+def errors(d: Path) -> list:
+    return [json.loads(line) for line in (d / bulk.ERRORS).read_text().splitlines()]
+
+
+def summary(r) -> str:
+    lines = [line for line in r.stderr.splitlines() if line.startswith("done: ")]
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------ end to end
+def test_local_cluster_matches_the_cli_and_resumes(tiny, corpus, reference, tmp_path):
+    """A LocalCluster of 2 CPU worker processes (short files grouped into tasks): byte-identical
+    transcripts under the command line's names, the corrupt file in errors.jsonl, exit 1; a re-run
+    writes nothing (every output's mtime kept) and tries only the failed file again."""
+    out = tmp_path / "out"
+    args = (f"manifest={corpus / 'manifest.txt'}", f"output_dir={out}", f"model.path={tiny}", *COMMON, "workers=2")
+    r = run_module("glm_asr.bulk", *args)
+    assert r.returncode == 1, r.stderr
+    assert outputs(out) == outputs(reference)
+    assert errors(out) == [{"path": str(corpus / "notaudio.wav"), "reason": errors(out)[0]["reason"]}]
+    assert "on 2 cpu workers" in r.stderr
+    line = summary(r)
+    assert "5 transcribed, 0 skipped (output exists), 1 failed" in line and "real time" in line, line
+    assert f"error: {corpus / 'notaudio.wav'}: " in r.stderr
+
+    before = mtimes(out)
+    r = run_module("glm_asr.bulk", *args)
+    assert r.returncode == 1, r.stderr
+    assert "0 transcribed, 5 skipped (output exists), 1 failed" in summary(r)
+    after = mtimes(out)
+    assert {k: v for k, v in after.items() if k != bulk.ERRORS} == {k: v for k, v in before.items() if k != bulk.ERRORS}
+    assert [e["path"] for e in errors(out)] == [str(corpus / "notaudio.wav")]
+
+
+def test_scheduler_address_and_a_worker_killed_mid_run(tiny, corpus, reference, cluster, tmp_path):
+    """scheduler=ADDRESS, a directory manifest, one file a task. The worker transcribing the longest
+    file exits just before writing it (once): Dask runs that task again, and nothing is lost,
+    duplicated or left half written. Then a manifest without the bad file: all skipped, exit 0,
+    nothing written, no cluster work."""
+    (cluster.crash_dir / "long.json").write_text("")
+    out = tmp_path / "out"
+    r = run_module("glm_asr.bulk", f"manifest={corpus}", f"output_dir={out}", f"model.path={tiny}", *COMMON,
+                   f"scheduler={cluster.scheduler_address}", "task_seconds=0")
+    assert r.returncode == 1, r.stderr
+    assert not (cluster.crash_dir / "long.json").exists(), "no worker died: the test tested nothing"
+    assert sorted(p.name for p in out.iterdir()) == sorted(NAMES + [bulk.ERRORS])      # no temporaries either
+    assert outputs(out) == outputs(reference)
+    assert [e["path"] for e in errors(out)] == [str(corpus / "notaudio.wav")]
+    assert "5 transcribed, 0 skipped (output exists), 1 failed" in summary(r)
+    assert f"at {cluster.scheduler_address}" in r.stderr
+
+    good = tmp_path / "good.txt"
+    good.write_text("".join(f"{corpus / f}\n" for f in FILES if f != "notaudio.wav"))
+    before = mtimes(out)
+    r = run_module("glm_asr.bulk", f"manifest={good}", f"output_dir={out}", f"model.path={tiny}", *COMMON,
+                   f"scheduler={cluster.scheduler_address}")
+    assert r.returncode == 0, r.stderr
+    assert "0 transcribed, 5 skipped (output exists), 0 failed" in summary(r)
+    assert not (out / bulk.ERRORS).exists()         # this run's failures: none
+    assert {k: v for k, v in mtimes(out).items()} == {k: v for k, v in before.items() if k != bulk.ERRORS}
+
+
+def test_a_bad_checkpoint_is_one_error_line(cluster, corpus, tmp_path):
+    """The model loads on a worker before any file is given out: a bad model.path is one error line."""
+    r = run_module("glm_asr.bulk", f"manifest={corpus / 'manifest.txt'}", f"output_dir={tmp_path / 'out'}",
+                   f"model.path={tmp_path / 'nothing'}", *COMMON, f"scheduler={cluster.scheduler_address}")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "nothing" in lines[-1], r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "out" / bulk.ERRORS).exists()
+
+
+def test_each_local_worker_has_its_own_environment(cluster):
+    """How gpus=N pins a worker to each GPU (CUDA_VISIBLE_DEVICES), seen through another variable;
+    in file order one of them is the process the Nanny restarted after the kill above."""
+    from distributed import Client
+
+    with Client(cluster) as client:
+        seen = client.run(lambda: (os.environ.get("GLM_ASR_TEST_PIN"), os.environ.get("OMP_NUM_THREADS")))
+    assert sorted(seen.values()) == [("0", "1"), ("1", "1")]
+
+
+def test_task_overhead(cluster):
+    """The overhead measurement runs bulk's own submission loop (the figure in docs/scaling.md
+    comes from `python -m glm_asr.bulk --overhead 10000`)."""
+    from distributed import Client
+
+    with Client(cluster) as client:
+        r = bulk.task_overhead(200, client=client)
+    assert r["tasks"] == 200 and r["workers"] == 2
+    assert 0 < r["bulk_loop_us_per_task"] < 1e6 and 0 < r["map_us_per_task"] < 1e6
+
+
+# ------------------------------------------------------------------ options (in-process)
+def compose(*overrides):
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from tilekernels.runtime.cli import config_dir
+
+    with initialize_config_dir(config_dir=config_dir("glm_asr"), version_base=None):
+        return hydra_compose(config_name="bulk", overrides=list(overrides))
+
+
+def test_every_transcribe_option_is_a_bulk_option():
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from tilekernels.runtime.cli import config_dir
+
+    with initialize_config_dir(config_dir=config_dir("glm_asr"), version_base=None):
+        t = hydra_compose(config_name="transcribe")
+    b = compose("model.path=/x")
+    assert set(t) < set(b)
+    assert {k: b[k] for k in t if k != "model"} == {k: t[k] for k in t if k != "model"}
+    assert b.model.path == "/x" and b.model.id == t.model.id
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ([], "no manifest given"),
+    (["manifest=MANIFEST"], "no output_dir given"),
+    (["manifest=/no/such/list.txt", "output_dir=OUT"], "no such file or directory"),
+    (["manifest=EMPTY", "output_dir=OUT"], "lists no files"),
+    (["manifest=MANIFEST", "output_dir=OUT", "output_format=doc"], "output_format must be one of"),
+    (["manifest=MANIFEST", "output_dir=OUT", "max_new_tokens=0"], "max_new_tokens must be >= 1"),
+    (["manifest=MANIFEST", "output_dir=OUT", "gpus=abc"], "gpus must be an integer"),
+    (["manifest=MANIFEST", "output_dir=OUT", "scheduler=tcp://127.0.0.1:1", "workers=2"], "local cluster"),
+    (["manifest=MANIFEST", "output_dir=OUT", "task_seconds=-1"], "task_seconds must be >= 0"),
+    (["manifest=MANIFEST", "output_dir=OUT", "audio_stream=-1"], "audio_stream must be >= 0"),
+    (["manifest=MANIFEST", "output_dir=OUT", "extensions=[]"], "extensions must name at least one"),
+])
+def test_bad_options_are_refused_before_any_work(overrides, message, corpus, tmp_path):
+    (tmp_path / "empty.txt").write_text("# nothing\n\n")
+    subs = {"MANIFEST": str(corpus / "manifest.txt"), "EMPTY": str(tmp_path / "empty.txt"), "OUT": str(tmp_path / "o")}
+    cfg = compose(*[o.split("=")[0] + "=" + subs.get(o.split("=", 1)[1], o.split("=", 1)[1]) for o in overrides])
+    with pytest.raises(ValueError, match=message):
+        bulk.run(cfg)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_option_on_the_command_line_is_one_error_line(corpus, tmp_path):
+    r = run_module("glm_asr.bulk", f"manifest={corpus / 'manifest.txt'}", "device=cpu", "gpus=2",
+                   f"output_dir={tmp_path}", timeout=120)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == ["error: gpus=2 with device=cpu: set device=gpu (or auto), or gpus=0"]
+
+
+# ------------------------------------------------------------------ units
+def test_manifest_text_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    m = tmp_path / "sub" / "list.txt"
+    m.write_text("# comment\n\n  a.wav  \nrel/b.flac\n/abs/c.ogg\r\n   # indented comment\nd e.wav\n")
+    assert bulk.read_manifest(m) == [str(tmp_path / "sub/a.wav"), str(tmp_path / "sub/rel/b.flac"), "/abs/c.ogg",
+                                     str(tmp_path / "sub/d e.wav")]
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00junk")
+    with pytest.raises(ValueError, match="not a UTF-8 text file"):
+        bulk.read_manifest(tmp_path / "bin.txt")
+
+
+def test_manifest_directory(tmp_path):
+    for f in ["b.WAV", "a/x.flac", "a/deep/y.mp3", "notes.txt", ".hidden.wav", "a/._x.flac", "v.mkv"]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+    (tmp_path / "dir.wav").mkdir()
+    rel = lambda paths: [str(Path(p).relative_to(tmp_path)) for p in paths]      # noqa: E731
+    assert rel(bulk.read_manifest(tmp_path)) == ["a/deep/y.mp3", "a/x.flac", "b.WAV", "v.mkv"]
+    assert rel(bulk.read_manifest(tmp_path, "*")) == ["b.WAV", "v.mkv"]
+    assert rel(bulk.read_manifest(tmp_path, "a/**/*.flac")) == ["a/x.flac"]
+    assert rel(bulk.read_manifest(tmp_path, "*", [])) == ["b.WAV", "notes.txt", "v.mkv"]
+    assert rel(bulk.read_manifest(tmp_path, "**/*", ["txt"])) == ["notes.txt"]
+
+
+def test_plan_tasks_longest_first_short_files_grouped_unknown_last():
+    d = [5.0, 0.0, 100.0, 20.0, 10.0, 40.0, 0.0, 20.0]
+    assert bulk.plan_tasks(d, 30) == [[2], [5], [3, 7], [4, 0], [1], [6]]
+    assert bulk.plan_tasks(d, 0) == [[2], [5], [3], [7], [4], [0], [1], [6]]
+    assert bulk.plan_tasks([1.0] * 250, 1000) == [list(range(100)), list(range(100, 200)), list(range(200, 250))]
+
+
+def test_probe_duration(audio_dir):
+    assert bulk.probe_duration(str(audio_dir / "long.flac")) == pytest.approx(65.0)
+    assert bulk.probe_duration(str(audio_dir / "notaudio.wav")) == 0.0
+    assert bulk.probe_duration(str(audio_dir / "missing.wav")) == 0.0
+
+
+def test_worker_plan_pins_one_worker_per_gpu():
+    assert bulk.worker_plan("auto", None, None, ["0", "1", "2"]) == (
+        "auto", [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}, {"CUDA_VISIBLE_DEVICES": "2"}])
+    assert bulk.worker_plan("gpu", 2, None, ["3", "GPU-ab"]) == (
+        "gpu", [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "GPU-ab"}])
+    assert bulk.worker_plan("auto", 0, 3, ["0"]) == ("cpu", [{"CUDA_VISIBLE_DEVICES": ""}] * 3)
+    assert bulk.worker_plan("cpu", None, 2, ["0", "1"]) == ("cpu", [{"CUDA_VISIBLE_DEVICES": ""}] * 2)
+    assert bulk.worker_plan("auto", None, 2, []) == ("cpu", [{"CUDA_VISIBLE_DEVICES": ""}] * 2)
+    for args, message in [(("gpu", 3, None, ["0", "1"]), "2 GPUs visible"), (("cpu", 1, None, ["0"]), "device=cpu"),
+                          (("gpu", None, None, []), "no GPU"), (("gpu", 0, None, ["0"]), "gpus=0 with device=gpu"),
+                          (("auto", None, 0, []), "workers must be >= 1"), (("auto", 2, 3, ["0", "1"]), "GPU worker")]:
+        with pytest.raises(ValueError, match=message):
+            bulk.worker_plan(*args)
+
+
+def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3,-1,4")
+    assert bulk.visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert bulk.visible_gpus() == []
+
+
+def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
+    """write_atomic's .<name>.<random> files of this manifest's outputs (a worker killed mid-write),
+    and nothing else."""
+    for f in [".long.json.k2j3h4", "long.json", ".other.json.abc", ".long.json", "x.txt"]:
+        (tmp_path / f).write_text("")
+    bulk._remove_stale_temporaries(tmp_path, {"long.json", "x.txt"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
