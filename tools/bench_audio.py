@@ -1,8 +1,10 @@
 """Reading long recordings: peak memory and speed of decoding m4a (AAC, through PyAV) and wav
 (libsndfile) files of 10 and 60 minutes into 30 s windows of log-mel features, each in a fresh
-process (CPU; any host).
+process (CPU; any host); --vad: Silero VAD's probabilities and segments over 60 minutes of the
+espeak-ng fixtures between pauses and noise, on all of this host's cores.
 
     python tools/bench_audio.py [--minutes 10,60] [--out DIR]
+    python tools/bench_audio.py --vad [--out DIR]
 
 Memory must not grow with the file's length: samples arrive in blocks and windows are made as
 they are consumed (glm_asr.audio.Audio, glm_asr.features.stream_windows).
@@ -58,12 +60,57 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
+def bench_vad(out_dir: str) -> None:
+    """speech_probs over 60 minutes (first call warms the session; median of the next 3), then the
+    segmentation; written to vad-cpu.json with this host's CPU count."""
+    import os
+    import statistics
+
+    import numpy as np
+    import onnxruntime
+    import soundfile as sf
+
+    from glm_asr.vad import speech_probs, speech_segments
+
+    fixtures = ROOT / "tests" / "asr" / "fixtures"
+    clips = [sf.read(fixtures / f, dtype="float32")[0] for f in ("one.flac", "pause3s.flac", "pause05.flac", "noise.flac")]
+    rng = np.random.default_rng(0)
+    parts, n = [], 0
+    while n < 3600 * 16000:
+        gap = (rng.standard_normal(int(rng.uniform(0.2, 4) * 16000)) * 2e-4).astype(np.float32)
+        parts += [clips[rng.integers(len(clips))], gap]
+        n += len(parts[-2]) + len(gap)
+    x = np.concatenate(parts)[: 3600 * 16000]
+    times = []
+    for _ in range(4):
+        t = time.perf_counter()
+        probs = speech_probs(x)
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    segments = speech_segments(x, probs=probs)
+    row = {"audio_s": 3600, "cpus": os.cpu_count(), "speech_probs_s": [round(v, 3) for v in times],
+           "speech_probs_median_s": round(statistics.median(times[1:]), 3), "segments": len(segments),
+           "segmentation_s": round(time.perf_counter() - t, 3)}
+    print(row)
+    out = Path(out_dir) / "vad-cpu.json"
+    out.write_text(json.dumps({"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                               "versions": {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__},
+                               "what": "glm_asr.vad.speech_probs (Silero VAD 16 kHz, onnxruntime on the CPU, blocks "
+                                       "in threads) over 60 minutes of speech fixtures, pauses and noise",
+                               "rows": [row]}, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", default="10,60")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--measure", help=argparse.SUPPRESS)     # the child process's entry
+    ap.add_argument("--vad", action="store_true", help="time Silero VAD over 60 minutes instead")
     args = ap.parse_args()
+    if args.vad:
+        bench_vad(args.out)
+        return
     if args.measure:
         print(json.dumps(measure(args.measure)))
         return

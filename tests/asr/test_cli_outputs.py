@@ -34,7 +34,7 @@ def test_json_lines_for_several_files_with_odd_names(tiny, audio_dir, tmp_path):
     override and like a flag, given relative to the working directory: both are inputs."""
     shutil.copy(audio_dir / "speech16k.wav", tmp_path / "name=with_equals.wav")
     shutil.copy(audio_dir / "low8k.wav", tmp_path / "-dash.wav")
-    r = cli("name=with_equals.wav", "-dash.wav", f"model.path={tiny}", "max_new_tokens=2", "device=cpu",
+    r = cli("name=with_equals.wav", "-dash.wav", f"model.path={tiny}", "vad=none", "max_new_tokens=2", "device=cpu",
             "output_format=json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -47,7 +47,7 @@ def test_json_lines_for_several_files_with_odd_names(tiny, audio_dir, tmp_path):
 
 def test_json_for_one_file_is_one_document(tiny, audio_dir):
     wav = audio_dir / "speech16k.wav"
-    r = cli(wav, f"model.path={tiny}", "max_new_tokens=2", "device=cpu", "output_format=json")
+    r = cli(wav, f"model.path={tiny}", "vad=none", "max_new_tokens=2", "device=cpu", "output_format=json")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().count("\n") > 1          # pretty printed, not a JSON line
     doc = json.loads(r.stdout)
@@ -56,7 +56,7 @@ def test_json_for_one_file_is_one_document(tiny, audio_dir):
 
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])
 def test_subtitles_for_several_files_need_output_dir(tiny, audio_dir, fmt):
-    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "max_new_tokens=2",
+    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "vad=none", "max_new_tokens=2",
             "device=cpu", f"output_format={fmt}")
     one_error_line(r, "output_dir", fmt)
 
@@ -66,7 +66,7 @@ def test_same_stem_from_two_folders(tiny, audio_dir, tmp_path):
         (tmp_path / d).mkdir()
         shutil.copy(audio_dir / src, tmp_path / d / "x.wav")
     out = tmp_path / "out"
-    r = cli(tmp_path / "s1/x.wav", tmp_path / "s2/x.wav", f"model.path={tiny}", "max_new_tokens=2",
+    r = cli(tmp_path / "s1/x.wav", tmp_path / "s2/x.wav", f"model.path={tiny}", "vad=none", "max_new_tokens=2",
             "device=cpu", "output_format=json", f"output_dir={out}")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
@@ -82,7 +82,7 @@ def test_same_stem_from_two_folders(tiny, audio_dir, tmp_path):
     ("100000000", "exceeds the model's"),          # the tiny decoder's max_position_embeddings
 ])
 def test_bad_max_new_tokens_one_line(tiny, audio_dir, value, message):
-    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", f"max_new_tokens={value}", "device=cpu")
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", f"max_new_tokens={value}", "device=cpu")
     one_error_line(r, message)
 
 
@@ -92,7 +92,7 @@ def test_truncated_wav_warns_and_transcribes(tiny, tmp_path):
     sf.write(wav, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
     data = wav.read_bytes()
     wav.write_bytes(data[: len(data) // 2])
-    r = cli(wav, f"model.path={tiny}", "max_new_tokens=2", "device=cpu")
+    r = cli(wav, f"model.path={tiny}", "vad=none", "max_new_tokens=2", "device=cpu")
     assert r.returncode == 0, r.stderr
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and str(wav) in warnings[0] and "truncated" in warnings[0], r.stderr
@@ -105,7 +105,7 @@ def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir
     written; exit 1; no temporary file is left behind."""
     out = tmp_path / "out"
     (out / "speech16k.txt").mkdir(parents=True)
-    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "max_new_tokens=2",
+    r = cli(audio_dir / "speech16k.wav", audio_dir / "low8k.wav", f"model.path={tiny}", "vad=none", "max_new_tokens=2",
             "device=cpu", f"output_dir={out}")
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
     lines = r.stderr.strip().splitlines()
@@ -118,6 +118,6 @@ def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir
 def test_output_dir_that_is_a_file_is_refused_before_any_work(tiny, audio_dir, tmp_path):
     blocker = tmp_path / "outdir"
     blocker.write_text("a file, not a directory")
-    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "device=cpu", f"output_dir={blocker}")
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", "device=cpu", f"output_dir={blocker}")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "output_dir" in r.stderr, r.stderr
     assert blocker.read_text() == "a file, not a directory"

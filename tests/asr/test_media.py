@@ -104,7 +104,7 @@ def test_expand_inputs_folders_globs_and_extensions(tmp_path):
 def test_cli_codecs_stdin_folder_glob_and_a_video_without_audio(media, tiny, tmp_path):
     """Every container transcribes to the wav's text; '-' reads standard input; the video with no
     audio stream is one error line and the others go on (exit 1)."""
-    args = [f"model.path={tiny}", "max_new_tokens=2", "device=cpu", "output_format=json"]
+    args = [f"model.path={tiny}", "vad=none", "max_new_tokens=2", "device=cpu", "output_format=json"]
     r = cli(media / "talk.wav", media / "memo.m4a", media / "meeting.mp4", media / "clip.webm",
             media / "silent-film.mp4", *args)
     assert r.returncode == 1 and "Traceback" not in r.stderr

@@ -47,7 +47,7 @@ def test_untied_head_and_decoder_cache(tiny):
 
 @pytest.mark.parametrize("fmt", ["txt", "json", "srt", "vtt"])
 def test_every_output_format(tiny, audio_dir, tmp_path, fmt):
-    r = cli(audio_dir / "long.flac", audio_dir / "speech16k.wav", f"model.path={tiny}", "max_new_tokens=3",
+    r = cli(audio_dir / "long.flac", audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", "max_new_tokens=3",
             "device=cpu", f"output_format={fmt}", f"output_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     long, short = (tmp_path / f"long.{fmt}").read_text(), (tmp_path / f"speech16k.{fmt}").read_text()
@@ -62,7 +62,7 @@ def test_every_output_format(tiny, audio_dir, tmp_path, fmt):
 
 
 def test_stdout_and_resampled_multichannel(tiny, audio_dir):
-    r = cli(audio_dir / "low8k.wav", audio_dir / "six48k.wav", audio_dir / "quiet.ogg", f"model.path={tiny}",
+    r = cli(audio_dir / "low8k.wav", audio_dir / "six48k.wav", audio_dir / "quiet.ogg", f"model.path={tiny}", "vad=none",
             "max_new_tokens=2", "device=cpu")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 3
@@ -73,13 +73,13 @@ def test_stdout_and_resampled_multichannel(tiny, audio_dir):
     ("empty.wav", "contains no samples"), ("nan.wav", "NaN or infinite"), ("short.wav", "audio too short"),
 ])
 def test_bad_audio_one_line(tiny, audio_dir, name, message):
-    r = cli(audio_dir / name, f"model.path={tiny}", "device=cpu")
+    r = cli(audio_dir / name, f"model.path={tiny}", "vad=none", "device=cpu")
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
 
 
 def test_no_half_written_output(tiny, audio_dir, tmp_path):
-    r = cli(audio_dir / "nan.wav", f"model.path={tiny}", "device=cpu", f"output_dir={tmp_path}")
+    r = cli(audio_dir / "nan.wav", f"model.path={tiny}", "vad=none", "device=cpu", f"output_dir={tmp_path}")
     assert r.returncode == 1 and list(tmp_path.iterdir()) == []
 
 

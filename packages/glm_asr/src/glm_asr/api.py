@@ -19,8 +19,9 @@ import numpy as np
 from tilekernels.runtime import CheckpointError, pick_device, resolve
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
-from .formats import join
 from .pipeline import Transcriber
+from .subtitles import join_text
+from .vad import VadOptions
 
 HUB_ID = "zai-org/GLM-ASR-Nano-2512"
 PROMPT = "Please transcribe this audio into text"
@@ -48,7 +49,7 @@ class Transcript:
 
     @property
     def text(self) -> str:
-        return join([asdict(s) for s in self.segments])
+        return join_text([asdict(s) for s in self.segments])
 
     def to_dict(self) -> dict:
         return {"file": self.source, "text": self.text, "segments": [asdict(s) for s in self.segments]}
@@ -79,23 +80,27 @@ class SpeechRecognizer:
         self.device = "cpu" if transcriber.model.xp is np else "gpu"
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *, prompt: str = PROMPT,
-                   max_new_tokens: int = 500, audio_stream: int | None = None, progress=None) -> Transcript:
+                   max_new_tokens: int = 500, audio_stream: int | None = None, vad: str = "silero",
+                   vad_options: dict | VadOptions | None = None, progress=None) -> Transcript:
         """The transcript of a file (any format the CLI reads; '-' is standard input) or of
         samples ((n,) or (n, channels) at sample_rate: mixed to mono, resampled to 16 kHz).
+        vad='silero': one segment per stretch of speech, its times the speech's (silence is not
+        decoded); 'none': fixed 30 s windows. vad_options: VadOptions or a dict of its fields.
         Raises ASRError for input that cannot be transcribed. progress: anything with
         update(seconds) (a tqdm bar), told the audio done window by window."""
         with _one_line():
             self.transcriber.check(prompt, max_new_tokens)
+            options = _vad(vad, vad_options)
             if isinstance(audio, np.ndarray):
                 return Transcript("<samples>", self._segments(_samples(audio, sample_rate), prompt, max_new_tokens,
-                                                              progress))
+                                                              progress, options))
             if sample_rate is not None:
                 raise ValueError("sample_rate is for samples; a file carries its own")
             name = str(audio)
             with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
                 path = stdin_to_file(scratch) if name == "-" else name
                 opened = Audio(path, audio_stream, name=name)
-                return Transcript(name, self._segments(opened, prompt, max_new_tokens, progress))
+                return Transcript(name, self._segments(opened, prompt, max_new_tokens, progress, options))
 
     def transcribe_many(self, inputs: Iterable[str | Path], **options) -> Iterator[Transcript]:
         """transcribe of each input in order, yielded as each completes; an input that cannot be
@@ -107,8 +112,23 @@ class SpeechRecognizer:
                 msg = str(e)
                 yield Transcript(str(source), error=msg if msg.startswith(str(source)) else f"{source}: {msg}")
 
-    def _segments(self, audio, prompt: str, max_new_tokens: int, progress) -> list[Segment]:
-        return [Segment(**s) for s in self.transcriber.transcribe(audio, prompt, max_new_tokens, progress)]
+    def _segments(self, audio, prompt: str, max_new_tokens: int, progress, vad: VadOptions | None) -> list[Segment]:
+        return [Segment(**s) for s in self.transcriber.transcribe(audio, prompt, max_new_tokens, progress, vad)]
+
+
+def _vad(vad: str, options) -> VadOptions | None:
+    """VadOptions for vad='silero' (from a dict of its fields, or as given), None for 'none'."""
+    if vad not in ("silero", "none"):
+        raise ValueError(f"vad must be silero or none, got {vad!r}")
+    if vad == "none":
+        return None
+    if isinstance(options, VadOptions):
+        return options
+    known = VadOptions.__dataclass_fields__
+    unknown = sorted(set(options or {}) - set(known))
+    if unknown:
+        raise ValueError(f"vad_options: unknown option {unknown[0]!r} (known: {', '.join(known)})")
+    return VadOptions(**(options or {}))
 
 
 def _samples(x: np.ndarray, rate: int | None) -> np.ndarray:

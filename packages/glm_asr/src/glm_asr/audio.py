@@ -38,6 +38,7 @@ class Audio:
 
     def __init__(self, path: str, audio_stream: int | None = None, name: str | None = None):
         self.name, self.offset_s, self.seconds = name or path, 0.0, None
+        self.path, self.audio_stream = path, audio_stream
         p = Path(path)
         if not p.exists():
             raise AudioError(f"{self.name}: no such file")
@@ -46,6 +47,10 @@ class Audio:
         self._blocks = self._open_soundfile(p) if not audio_stream else None
         if self._blocks is None:
             self._blocks = self._open_av(p, audio_stream)
+
+    def reopen(self) -> "Audio":
+        """The same input opened again, for a second pass over its samples."""
+        return Audio(self.path, self.audio_stream, self.name)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         n = 0

@@ -38,7 +38,7 @@ from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir,
 
 from .audio import EXTENSIONS
 from .formats import FORMATS, output_names, render, write_atomic
-from .transcribe import extensions as parse_extensions
+from .transcribe import extensions as parse_extensions, vad_options
 
 ERRORS = "errors.jsonl"
 WINDOW = 2048           # tasks in flight at once: the scheduler's memory stays flat for any manifest size
@@ -207,11 +207,13 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
             with _MODEL_LOCK, contextlib.redirect_stderr(err):     # warnings go back to the client
                 try:
                     t = asr.transcribe(path, prompt=job["prompt"], max_new_tokens=job["max_new_tokens"],
-                                       audio_stream=job["audio_stream"], progress=done)
+                                       audio_stream=job["audio_stream"], vad=job["vad"],
+                                       vad_options=job["vad_options"], progress=done)
                 finally:
                     r["seconds"] = done.n
             _crash_for_test(name)
-            write_atomic(out, render(job["output_format"], source, t.to_dict()["segments"]))
+            write_atomic(out, render(job["output_format"], source, t.to_dict()["segments"],
+                                     readable=job["vad"] == "silero"))
         except (ValueError, OSError) as e:          # glm_asr.ASRError is a ValueError
             r["error"] = _reason(e, path, source)
         except Exception as e:      # one bad file must not end a run of thousands: recorded, the run goes on
@@ -439,7 +441,7 @@ class Progress:
 
 
 _KINDS = {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str, "device": Str,
-          "manifest": OptStr, "glob": Str, "gpus": OptInt, "workers": OptInt, "audio_stream": OptInt,
+          "manifest": OptStr, "glob": Str, "gpus": OptInt, "workers": OptInt, "audio_stream": OptInt, "vad": Str,
           "scheduler": OptStr, "task_seconds": Float, "dashboard": OptStr}
 
 
@@ -521,7 +523,8 @@ def run(cfg, inputs: list[str] = ()) -> int:
         print(tally.summary(out_dir), file=sys.stderr)
         return 0
     job = {"model": o["model"], "output_dir": str(out_dir), "output_format": fmt, "prompt": o["prompt"],
-           "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"], "device": o["device"]}
+           "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"], "device": o["device"],
+           "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options"))}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .subtitles import cues, join_text
+
 FORMATS = ("txt", "json", "srt", "vtt")
 
 
@@ -22,14 +24,18 @@ def join(segments: list[dict]) -> str:
     return " ".join(s["text"].strip() for s in segments if s["text"].strip())
 
 
-def render(fmt: str, source: str, segments: list[dict], json_line: bool = False) -> str:
+def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, readable: bool = False) -> str:
     """One file's transcript in fmt; json_line: its JSON on one line (JSON Lines, several files on
-    one stream)."""
+    one stream). readable (speech segments from VAD): srt/vtt cues of at most 2 lines of 42
+    characters and 7 s (subtitles.cues), text joined with CJK-aware spacing, an empty file empty."""
+    text = join_text(segments) if readable else join(segments)
     if fmt == "txt":
-        return join(segments) + "\n"
+        return text + "\n" if text or not readable else ""
     if fmt == "json":
-        return json.dumps({"file": source, "text": join(segments), "segments": segments}, ensure_ascii=False,
+        return json.dumps({"file": source, "text": text, "segments": segments}, ensure_ascii=False,
                           indent=None if json_line else 2) + "\n"
+    if readable:
+        segments = cues(segments)
     if fmt == "srt":
         return "".join(f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n\n"
                        for i, s in enumerate(segments, 1))

@@ -11,7 +11,8 @@ import numpy as np
 from tilekernels.runtime import CheckpointError, ModelRunner, check_length, generate, load_tokenizer
 
 from .audio import Audio
-from .features import FRAMES, audio_tokens, stream_windows
+from .features import FRAMES, Window, audio_tokens, log_mel, stream_windows, valid_frames
+from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
 from .model import GlmAsr
 
 ENCODER_BATCH = 8          # windows encoded together
@@ -60,12 +61,18 @@ class Transcriber:
         positions (before any file is read)."""
         check_length(self.model, len(self.prompt_ids(audio_tokens(FRAMES), instruction)), max_new_tokens)
 
-    def transcribe(self, audio: Audio | np.ndarray, instruction: str, max_new_tokens: int, progress=None) -> list[dict]:
+    def transcribe(self, audio: Audio | np.ndarray, instruction: str, max_new_tokens: int, progress=None,
+                   vad: VadOptions | None = None) -> list[dict]:
         """The segments ({start, end, text}, seconds in the file's time) of an opened input, read
-        block by block (memory bounded by ENCODER_BATCH windows), or of 16 kHz mono samples."""
+        block by block (memory bounded by ENCODER_BATCH windows), or of 16 kHz mono samples: with
+        vad, one per stretch of speech (silence is not decoded), else one per 30 s window."""
         segments = []
-        blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
-        wins = stream_windows(blocks, self.model.config.encoder.num_mel_bins, self.model.xp, offset)
+        n_mels, xp = self.model.config.encoder.num_mel_bins, self.model.xp
+        if vad is not None:
+            wins = speech_windows(audio, vad, n_mels, xp)
+        else:
+            blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
+            wins = stream_windows(blocks, n_mels, xp, offset)
         prompt = lambda n: self.prompt_ids(n, instruction)      # noqa: E731
         for w, tokens in window_tokens(self.runner, wins, prompt, max_new_tokens):
             text = self.tok.decode(tokens, skip_special_tokens=True)
@@ -73,3 +80,18 @@ class Transcriber:
             if progress is not None:
                 progress.update(w.end_s - w.start_s)
         return segments
+
+
+def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np) -> Iterator[Window]:
+    """A window for each segment of speech Silero VAD finds: its padded audio as the features, its
+    unpadded speech bounds as the times (in the file's time). Two passes over a file (the
+    probabilities, then the segments' audio), each holding a block at a time."""
+    if isinstance(audio, np.ndarray):
+        first, again, offset = [audio], (lambda: [audio]), 0.0
+    else:
+        first, again, offset = audio, audio.reopen, audio.offset_s
+    probs, n = stream_probs(first)
+    for seg, x in segment_audio(again(), segments_from_probs(probs, n, options)):
+        tokens = audio_tokens(valid_frames(len(x)))
+        if tokens >= 1:
+            yield Window(offset + seg.start_s, offset + seg.end_s, log_mel(x, n_mels, xp), tokens)

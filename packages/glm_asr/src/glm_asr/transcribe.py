@@ -27,7 +27,7 @@ _FILES: list[str] = []
 
 def run(cfg: DictConfig, args: list[str]) -> int:
     o = options(cfg, {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str,
-                      "device": Str, "audio_stream": OptInt})
+                      "device": Str, "audio_stream": OptInt, "vad": Str})
     fmt, out_dir = o["output_format"], o["output_dir"]
     if fmt not in FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -45,6 +45,8 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
         raise ValueError(f"output_dir {out_dir}: exists and is not a directory")
     names = output_names(files, fmt)
+    readable = o["vad"] == "silero"
+    vad_options(cfg.get("vad_options"))
     asr = SpeechRecognizer(Transcriber(from_model_config(cfg.model), pick_device(o["device"])))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
@@ -54,7 +56,8 @@ def run(cfg: DictConfig, args: list[str]) -> int:
 
     with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
         results = asr.transcribe_many(files, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"],
-                                      audio_stream=o["audio_stream"], progress=bar)
+                                      audio_stream=o["audio_stream"], vad=o["vad"],
+                                      vad_options=vad_options(cfg.get("vad_options")), progress=bar)
         for name, r in zip(names, results):
             if r.error:
                 print(f"error: {r.error}", file=sys.stderr)
@@ -63,14 +66,39 @@ def run(cfg: DictConfig, args: list[str]) -> int:
             doc = r.to_dict()
             if out_dir:
                 try:
-                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"]))
+                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"], readable=readable))
                 except OSError as e:
                     print(f"error: {e}", file=sys.stderr)
                     failed += 1
             else:       # several JSON documents on one stream: JSON Lines
-                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1))
+                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1,
+                                        readable=readable))
                 sys.stdout.flush()
     return 1 if failed else 0
+
+
+def vad_options(value) -> dict:
+    """vad_options.* as plain values, each checked (VadOptions names the one that is wrong)."""
+    from omegaconf import OmegaConf
+
+    from .vad import VadOptions
+
+    o = OmegaConf.to_container(value) if value is not None else {}
+    if not isinstance(o, dict):
+        raise ValueError(f"vad_options must be a group of settings (vad_options.threshold=0.6), got {o!r}")
+    kinds = {"threshold": float, "neg_threshold": float, "min_speech_duration_ms": float,
+             "max_speech_duration_s": float, "min_silence_duration_ms": float, "speech_pad_ms": float}
+    for k, v in o.items():
+        if k in kinds and v is not None and not isinstance(v, bool):
+            try:
+                o[k] = float(v)
+            except ValueError:
+                raise ValueError(f"vad_options.{k} must be a number, got {v!r}") from None
+    unknown = sorted(set(o) - set(VadOptions.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"vad_options: unknown option {unknown[0]!r}")
+    VadOptions(**o)
+    return o
 
 
 def extensions(value) -> list[str]:

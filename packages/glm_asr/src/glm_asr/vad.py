@@ -1,0 +1,404 @@
+"""Voice activity detection with Silero VAD (MIT, github.com/snakers4/silero-vad; its license is
+data/LICENSE.silero-vad) run by onnxruntime on the CPU, and the speech segments (at most one 30 s
+encoder window each) that the recogniser decodes instead of fixed windows.
+
+speech_probs: one speech probability per 32 ms frame (512 samples at 16 kHz). The model is a
+streaming one: each call takes a frame prefixed by the last 64 samples of the one before (its
+context) and the LSTM state (2, batch, 128) the previous call returned. A long file is cut into
+blocks run side by side (several blocks in one session.run, as rows of the batch, and such groups
+in a thread pool: onnxruntime releases the GIL); every block but the first starts WARMUP_S
+earlier with a fresh state and its first WARMUP_S of probabilities are dropped. The reset is not
+forgotten that soon (measured: Silero's state moves probabilities at speech edges by up to ~0.5
+for tens of seconds and by 1e-4 for minutes), but the speech found is the same: regions within
+a frame or two, segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
+
+speech_segments: the speech regions (threshold hysteresis as Silero's get_speech_timestamps)
+that pauses shorter than min_silence_duration_ms separate are merged into segments of at most
+max_speech_duration_s. A longer group is cut in pauses: the shortest pause cut in is as long as
+it can be, then the segments are as few as can be, then the pauses cut in are as long as can be
+(a group that fits in two segments with a cut in its longest pause is cut there alone). A region
+with no pause longer than max_speech_duration_s is cut at its least speech-like frames. Segment
+start/end are the speech bounds (what is written); the audio range given to the model adds
+speech_pad_ms each side, never past the middle of the pause to the next segment, the file's
+ends or max_speech_duration_s in all.
+"""
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+FRAME = 512                 # samples per probability (32 ms)
+CONTEXT = 64                # samples of the previous frame prefixed to each frame (Silero v5/v6)
+STATE = 128
+WARMUP_S = 1.0              # the overlap of a block with the one before it
+MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted work)
+BATCH = 32                  # blocks in one session.run (fewer calls: less time holding the GIL)
+CHUNK = 64                  # frames of input copied at a time
+MAX_WINDOW_S = 30.0         # the encoder's window
+MODEL_PATH = Path(__file__).resolve().parent / "data" / "silero_vad_16k_op15.onnx"
+
+
+@dataclass
+class VadOptions:
+    """Named and defaulted as faster-whisper's VadOptions, except max_speech_duration_s: the 30 s
+    encoder window (faster-whisper: inf), which is also its upper bound here.
+
+    threshold: a frame whose speech probability is >= threshold starts speech.
+    neg_threshold: speech ends at a frame below it (None: max(threshold - 0.15, 0.01)).
+    min_speech_duration_ms: segments whose speech lasts no longer are dropped.
+    max_speech_duration_s: the longest segment (speech bounds and padded audio alike).
+    min_silence_duration_ms: a pause at least this long ends a segment; shorter ones are kept
+        inside it.
+    speech_pad_ms: audio given to the model before and after the speech (not in the times).
+    """
+
+    threshold: float = 0.5
+    neg_threshold: float | None = None
+    min_speech_duration_ms: int = 0
+    max_speech_duration_s: float = MAX_WINDOW_S
+    min_silence_duration_ms: int = 2000
+    speech_pad_ms: int = 400
+
+    def __post_init__(self):
+        def bad(name, want):
+            raise ValueError(f"vad_options.{name} must be {want}, got {getattr(self, name)!r}")
+
+        def number(name):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "a number")
+            return v
+
+        if not 0 < number("threshold") < 1:
+            bad("threshold", "between 0 and 1")
+        if self.neg_threshold is not None and not 0 < number("neg_threshold") <= self.threshold:
+            bad("neg_threshold", f"in (0, threshold={self.threshold}]")
+        for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
+            if number(name) < 0:
+                bad(name, ">= 0")
+        if not 1 <= number("max_speech_duration_s") <= MAX_WINDOW_S:
+            bad("max_speech_duration_s", f"between 1 and {MAX_WINDOW_S:g} (the encoder's window)")
+
+    @property
+    def low(self) -> float:
+        """The threshold below which speech ends."""
+        return max(self.threshold - 0.15, 0.01) if self.neg_threshold is None else self.neg_threshold
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples in the file's time at 16 kHz: [start, end) holds the speech (the times written),
+    [audio_start, audio_end) the audio given to the model (start/end padded)."""
+
+    start: int
+    end: int
+    audio_start: int
+    audio_end: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start / SAMPLE_RATE
+
+    @property
+    def end_s(self) -> float:
+        return self.end / SAMPLE_RATE
+
+    @property
+    def audio_start_s(self) -> float:
+        return self.audio_start / SAMPLE_RATE
+
+    @property
+    def audio_end_s(self) -> float:
+        return self.audio_end / SAMPLE_RATE
+
+
+# --- the model -----------------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_SESSION: tuple[int, object] | None = None         # (pid, InferenceSession)
+
+
+def session():
+    """The process's one InferenceSession of the Silero model (created at the first call; a
+    forked child makes its own). Its run() is safe to call from several threads at once."""
+    global _SESSION
+    with _LOCK:
+        if _SESSION is None or _SESSION[0] != os.getpid():
+            import onnxruntime
+
+            opts = onnxruntime.SessionOptions()
+            opts.intra_op_num_threads = 1        # parallel over blocks instead
+            opts.inter_op_num_threads = 1
+            opts.log_severity_level = 3
+            _SESSION = (os.getpid(), onnxruntime.InferenceSession(
+                str(MODEL_PATH), sess_options=opts, providers=["CPUExecutionProvider"]))
+        return _SESSION[1]
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _run_blocks(x: np.ndarray, starts: list[int], steps: int) -> np.ndarray:
+    """(steps, len(starts)) probabilities of the blocks of `steps` frames starting at the frames
+    `starts` of x, each from a fresh state, all in one batch. Frames past the end of x are zeros;
+    the context of a block's first frame is the audio before it (zeros before the file). The
+    input is copied CHUNK frames at a time (memory: a few MB, not a second copy of the file)."""
+    sess = session()
+    b = len(starts)
+    state = np.zeros((2, b, STATE), np.float32)
+    sr = np.array(SAMPLE_RATE, np.int64)
+    out = np.empty((steps, b), np.float32)
+    for t0 in range(0, steps, CHUNK):
+        m = min(CHUNK, steps - t0)
+        span = CONTEXT + m * FRAME
+        buf = np.zeros((b, span), np.float32)
+        for j, f in enumerate(starts):
+            lo = (f + t0) * FRAME - CONTEXT
+            chunk = x[max(lo, 0): max(lo + span, 0)]
+            buf[j, max(-lo, 0): max(-lo, 0) + len(chunk)] = chunk
+        frames = np.lib.stride_tricks.as_strided(buf, shape=(m, b, CONTEXT + FRAME),
+                                                 strides=(FRAME * 4, span * 4, 4), writeable=False)
+        for t in range(m):
+            p, state = sess.run(None, {"input": np.ascontiguousarray(frames[t]), "state": state, "sr": sr})
+            out[t0 + t] = p[:, 0]
+    return out
+
+
+def speech_probs(samples16k: np.ndarray, *, threads: int | None = None, batch: int = BATCH,
+                 min_block_s: float = MIN_BLOCK_S, warmup_s: float = WARMUP_S) -> np.ndarray:
+    """The speech probability (float32) of each 512-sample frame of 16 kHz mono samples,
+    ceil(len / 512) of them (the last frame zero padded).
+
+    The frames are cut into up to threads * batch blocks of at least min_block_s; each block
+    after the first also runs the warmup_s before it, from a fresh state, and keeps only its own
+    frames. threads (default: the CPUs this process may use) run groups of `batch` blocks, each
+    group one session.run per frame. threads=1, batch=1 with one block (min_block_s=inf) is the
+    plain sequential pass."""
+    x = np.ascontiguousarray(samples16k, dtype=np.float32)
+    if x.ndim != 1:
+        raise ValueError(f"samples must be one-dimensional (mono), got shape {x.shape}")
+    n = -(-len(x) // FRAME)
+    if n == 0:
+        return np.zeros(0, np.float32)
+    threads = max(1, threads or _cpus())
+    batch = max(1, int(batch))
+    warm = math.ceil(warmup_s * SAMPLE_RATE / FRAME)
+    min_block = max(1, warm, round(min_block_s * SAMPLE_RATE / FRAME)) if math.isfinite(min_block_s) else n
+    blocks = max(1, min(threads * batch, n // min_block))
+    length = -(-n // blocks)                       # frames kept per block
+    blocks = -(-n // length)
+    if blocks == 1:
+        return _run_blocks(x, [0], n)[:, 0]
+    # block 0 runs from frame 0 (its first `length` frames are the sequential pass's); block k
+    # from k*length - warm, keeping its last `length`: all run warm + length steps
+    steps = warm + length
+    starts = [0] + [k * length - warm for k in range(1, blocks)]
+    groups = [list(g) for g in np.array_split(np.arange(blocks), min(threads, blocks))]   # <= batch each
+    out = np.empty(blocks * length, np.float32)
+
+    def work(group):
+        p = _run_blocks(x, [starts[k] for k in group], steps)
+        for j, k in enumerate(group):
+            out[k * length:(k + 1) * length] = p[:length, j] if k == 0 else p[warm:, j]
+
+    if len(groups) == 1:
+        work(groups[0])
+    else:
+        with ThreadPoolExecutor(min(threads, len(groups))) as pool:
+            list(pool.map(work, groups))
+    return out[:n]
+
+
+# --- segments ------------------------------------------------------------------------------
+
+def speech_regions(probs: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
+    """[start, end) frame ranges of speech: it starts at a frame >= threshold and ends at the
+    next frame below neg_threshold (frames between the two keep the state they follow)."""
+    o = options or VadOptions()
+    p = np.asarray(probs, np.float32)
+    if len(p) == 0:
+        return []
+    on, off = p >= o.threshold, p < o.low
+    idx = np.arange(len(p))
+    last = np.maximum.accumulate(np.where(on | off, idx, -1))          # the latest decisive frame
+    speech = (last >= 0) & on[np.maximum(last, 0)]
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], speech.view(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _hard_cuts(start: int, end: int, probs: np.ndarray, max_frames: int) -> list[tuple[int, int]]:
+    """A region without a pause cut into parts of at most max_frames at its least speech-like
+    frames (where both sides fit if they can, else after at least half a part)."""
+    out = []
+    while end - start > max_frames:
+        if end - start <= 2 * max_frames:
+            lo, hi = end - max_frames, start + max_frames            # both sides fit
+        else:
+            lo, hi = start + max_frames // 2, start + max_frames
+        cut = lo + int(np.argmin(probs[lo:hi + 1]))
+        out.append((start, cut))
+        start = cut
+    return out + [(start, end)]
+
+
+def _split(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -> list[tuple[int, int]]:
+    """Speech spans of at most max_frames covering a group of regions, cut in pauses between
+    regions: the shortest pause cut in is as long as it can be, then the parts are as few as they
+    can be, then the pauses cut in as long (then as little speech-like) as they can be. A region
+    longer than max_frames is first cut at its least speech-like frames (pauses of length 0)."""
+    regions = [r for a, b in regions for r in _hard_cuts(a, b, probs, max_frames)]
+    starts = np.array([a for a, _ in regions])
+    ends = np.array([b for _, b in regions])
+    if ends[-1] - starts[0] <= max_frames:
+        return [(int(starts[0]), int(ends[-1]))]
+    n = len(regions)
+    gap = starts[1:] - ends[:-1]                                     # the pause after region k
+    cum = np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
+    mean = (cum[starts[1:]] - cum[ends[:-1]]) / np.maximum(gap, 1)
+    first = np.searchsorted(starts, ends - max_frames, side="left")   # a part ending at j starts >= first[j]
+
+    def feasible(tau):                 # parts <= max_frames cut only in pauses >= tau (greedy)
+        i = 0
+        while ends[-1] - starts[i] > max_frames:
+            j = int(np.searchsorted(ends, starts[i] + max_frames, side="right")) - 1   # last region that fits
+            while j >= i and gap[j] < tau:
+                j -= 1
+            if j < i:
+                return False
+            i = j + 1
+        return True
+
+    taus = np.unique(gap)
+    lo, hi = 0, len(taus) - 1                                        # taus[0] (the shortest) always works
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if feasible(taus[mid]) else (lo, mid - 1)
+    tau = taus[lo]
+    # the cost of a part ending with region j: one part, less its pause's length, plus its pause's
+    # mean probability, weighted so that each criterion outranks the next (for pauses adding up
+    # to less than 1e7 frames, 89 hours)
+    cost = np.concatenate([1e10 - gap * 1e3 + mean, [1e10]])
+    cost[:-1][gap < tau] = math.inf                                  # no cut in a shorter pause
+    best = np.full(n, math.inf)                                      # covering regions 0..j, cut after j
+    prev = np.full(n, math.inf)                                      # prev[i]: best[i - 1] (0 for i = 0)
+    prev[0] = 0.0
+    came = np.zeros(n, np.int64)
+    for j in range(n):
+        if cost[j] < math.inf:
+            k = int(first[j]) + int(np.argmin(prev[first[j]: j + 1]))
+            best[j], came[j] = prev[k] + cost[j], k
+            if j + 1 < n:
+                prev[j + 1] = best[j]
+    out, j = [], n - 1
+    while j >= 0:
+        i = int(came[j])
+        out.append((int(starts[i]), int(ends[j])))
+        j = i - 1
+    return out[::-1]
+
+
+def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None) -> list[Segment]:
+    """The segments of a file of n_samples whose frame probabilities are probs (see module doc)."""
+    o = options or VadOptions()
+    probs = np.asarray(probs, np.float32)
+    if probs.shape != (-(-n_samples // FRAME),):
+        raise ValueError(f"{n_samples} samples have {-(-n_samples // FRAME)} frames, got probabilities of shape {probs.shape}")
+    max_samples = int(o.max_speech_duration_s * SAMPLE_RATE)
+    max_frames = max_samples // FRAME
+    min_silence = o.min_silence_duration_ms * SAMPLE_RATE / 1000
+    min_speech = o.min_speech_duration_ms * SAMPLE_RATE / 1000
+    pad = int(o.speech_pad_ms * SAMPLE_RATE / 1000)
+
+    groups: list[list[tuple[int, int]]] = []
+    for r in speech_regions(probs, o):
+        if groups and (r[0] - groups[-1][-1][1]) * FRAME < min_silence:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    spans = []
+    for g in groups:
+        a, b = g[0][0] * FRAME, min(g[-1][1] * FRAME, n_samples)
+        if b > a and b - a > min_speech:
+            spans += _split(g, probs, max_frames)
+    bounds = [(a * FRAME, min(b * FRAME, n_samples)) for a, b in spans]
+    bounds = [(a, b) for a, b in bounds if b > a]
+
+    out = []
+    for i, (a, b) in enumerate(bounds):
+        left = (bounds[i - 1][1] + a) // 2 if i else 0                 # the middle of each pause
+        right = (b + bounds[i + 1][0]) // 2 if i + 1 < len(bounds) else n_samples
+        lp, rp = min(pad, a - max(left, 0)), min(pad, min(right, n_samples) - b)
+        slack = max_samples - (b - a)
+        if lp + rp > slack:                                            # share what 30 s leaves
+            lp2 = min(lp, slack // 2)
+            rp2 = min(rp, slack - lp2)
+            lp2 = min(lp, slack - rp2)
+            lp, rp = lp2, rp2
+        out.append(Segment(a, b, a - lp, b + rp))
+    return out
+
+
+def speech_segments(samples: np.ndarray, options: VadOptions | None = None, *,
+                    probs: np.ndarray | None = None, **prob_kwargs) -> list[Segment]:
+    """The speech segments of 16 kHz mono samples (silence only: []); probs: speech_probs of
+    them when already computed; prob_kwargs go to speech_probs."""
+    if probs is None:
+        probs = speech_probs(samples, **prob_kwargs)
+    return segments_from_probs(probs, len(samples), options)
+
+
+STREAM_CHUNK = 9375 * FRAME     # 300 s of samples a speech_probs call when streaming (whole frames)
+
+
+def stream_probs(blocks: Iterable[np.ndarray]) -> tuple[np.ndarray, int]:
+    """(speech_probs, sample count) of samples arriving in blocks, STREAM_CHUNK at a time, each
+    chunk after the first warmed up on the WARMUP_S before it (as speech_probs' own blocks): memory
+    bounded by a chunk, not by the file."""
+    warm = int(round(WARMUP_S * SAMPLE_RATE / FRAME)) * FRAME
+    out, buf, tail, n = [], np.zeros(0, np.float32), np.zeros(0, np.float32), 0
+
+    def run(chunk):
+        p = speech_probs(np.concatenate([tail, chunk]) if len(tail) else chunk)
+        return p[len(tail) // FRAME:]
+
+    for block in blocks:
+        n += len(block)
+        buf = np.concatenate([buf, block]) if len(buf) else block
+        while len(buf) >= STREAM_CHUNK:
+            chunk, buf = buf[:STREAM_CHUNK], buf[STREAM_CHUNK:]
+            out.append(run(chunk))
+            tail = chunk[-warm:]
+    if len(buf):
+        out.append(run(buf))
+    return (np.concatenate(out) if out else np.zeros(0, np.float32)), n
+
+
+def segment_audio(blocks: Iterable[np.ndarray], segments: list[Segment]) -> Iterator[tuple[Segment, np.ndarray]]:
+    """(segment, its padded audio) for each segment (in time order) from samples arriving in
+    blocks; only the audio of the segment being cut is held."""
+    segments, pos, buf = list(segments), 0, []
+    i = 0
+    for block in blocks:
+        end = pos + len(block)
+        while i < len(segments):
+            seg = segments[i]
+            a, b = max(seg.audio_start, pos), min(seg.audio_end, end)
+            if b > a:
+                buf.append(block[a - pos: b - pos])
+            if seg.audio_end > end:
+                break
+            yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
+            buf, i = [], i + 1
+        pos = end
+    for seg in segments[i:]:                # a file shorter than its header said
+        yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
+        buf = []

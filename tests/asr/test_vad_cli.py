@@ -1,0 +1,81 @@
+"""vad=silero (the default) end to end on the espeak-ng fixtures: segment times on the speech,
+silence decoded as nothing (and still an output file), speech across the 30 s mark in one
+segment, streaming probabilities like one pass, readable subtitles."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from asr_cli import cli
+
+from glm_asr.pipeline import speech_windows
+from glm_asr.vad import STREAM_CHUNK, VadOptions, segment_audio, segments_from_probs, speech_probs, stream_probs
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PLACED = json.loads((FIXTURES / "fixtures.json").read_text())["files"]
+
+
+def test_cli_segments_sit_on_the_speech_and_silence_gets_empty_outputs(tiny, tmp_path):
+    out = tmp_path / "out"
+    files = [FIXTURES / "pause3s.flac", FIXTURES / "noise.flac"]
+    for fmt in ("json", "txt", "srt", "vtt"):
+        r = cli(*files, f"model.path={tiny}", "max_new_tokens=3", "device=cpu", f"output_format={fmt}",
+                f"output_dir={out}")
+        assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "pause3s.json").read_text())
+    want = [(s["start_s"], s["end_s"]) for s in PLACED["pause3s.flac"]["speech"]]
+    got = [(s["start"], s["end"]) for s in doc["segments"]]
+    assert len(got) == 2 and all(abs(a - b) <= 0.3 for g, w in zip(got, want) for a, b in zip(g, w)), got
+    assert json.loads((out / "noise.json").read_text())["segments"] == []
+    assert (out / "noise.txt").read_text() == "" and (out / "noise.srt").read_text() == ""
+    assert (out / "noise.vtt").read_text().strip() == "WEBVTT"
+    cues = (out / "pause3s.srt").read_text().strip().split("\n\n")
+    for cue in cues:
+        lines = cue.split("\n")
+        assert len(lines[2:]) <= 2 and all(len(line) <= 42 for line in lines[2:]), cue
+
+
+def test_speech_across_the_30s_mark_is_one_segment_in_file_time(tiny, tmp_path):
+    clip, rate = sf.read(FIXTURES / "pause05.flac", dtype="float32")
+    silence = np.zeros(28 * rate, np.float32)
+    x = np.concatenate([silence, clip, silence[: 5 * rate]])
+    sf.write(tmp_path / "long.wav", x, rate)
+    r = cli(tmp_path / "long.wav", f"model.path={tiny}", "max_new_tokens=2", "device=cpu", "output_format=json")
+    assert r.returncode == 0, r.stderr
+    [seg] = json.loads(r.stdout)["segments"]
+    speech = PLACED["pause05.flac"]["speech"]
+    assert abs(seg["start"] - (28 + speech[0]["start_s"])) <= 0.3 and abs(seg["end"] - (28 + speech[-1]["end_s"])) <= 0.3
+    assert seg["start"] < 30 < seg["end"]
+
+
+def test_streamed_probabilities_give_one_pass_segments(monkeypatch):
+    """stream_probs over blocks (chunks warmed up on the second before them) finds the segments one
+    whole-file pass finds; segment_audio cuts exactly each segment's padded audio."""
+    import glm_asr.vad as vad
+
+    monkeypatch.setattr(vad, "STREAM_CHUNK", 20 * 512 * 16)            # ~10 s chunks: several seams
+    parts = [sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac", "pause05.flac")] * 2
+    x = np.concatenate(parts)
+    blocks = [x[i: i + 7777] for i in range(0, len(x), 7777)]
+    streamed, n = stream_probs(blocks)
+    assert n == len(x) and streamed.shape == (-(-len(x) // 512),)
+    whole = segments_from_probs(speech_probs(x), len(x))
+    segs = segments_from_probs(streamed, n)
+    assert len(segs) == len(whole) and all(abs(a.start - b.start) <= 3 * 512 and abs(a.end - b.end) <= 3 * 512
+                                           for a, b in zip(segs, whole))
+    for seg, audio in segment_audio(blocks, segs):
+        np.testing.assert_array_equal(audio, x[seg.audio_start: seg.audio_end])
+    assert STREAM_CHUNK % 512 == 0
+
+
+def test_speech_windows_of_silence_decode_nothing():
+    assert list(speech_windows(np.zeros(16000 * 40, np.float32), VadOptions())) == []
+
+
+@pytest.mark.parametrize("arg,message", [("vad=webrtc", "vad must be silero or none"),
+                                         ("vad_options.threshold=2", "vad_options.threshold must be between"),
+                                         ("+vad_options.speed=3", "unknown option 'speed'")])
+def test_bad_vad_options_one_line(tiny, arg, message):
+    r = cli(FIXTURES / "one.flac", f"model.path={tiny}", "device=cpu", arg)
+    assert r.returncode == 1 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
