@@ -4,7 +4,8 @@ model runner and the token loop, and the command lines' common parts.
 
 Control flows one way: a model implements DecoderModel (protocol.py) and the runtime calls it.
 Reading checkpoints and tokenizers needs the `models` extra (safetensors, huggingface_hub,
-tokenizers), imported when used.
+tokenizers), imported when used; server.py (the OpenAI-compatible servers' shared parts) the
+`serve` extra (fastapi, uvicorn, python-multipart, prometheus-client).
 """
 from .checkpoint import CheckpointError, from_model_config, load_tensors, read_config, resolve, take
 from .device import device_stream, gpu_problem, move_weights, pick_device

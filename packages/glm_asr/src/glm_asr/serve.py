@@ -1,0 +1,180 @@
+"""python -m glm_asr.serve [key=value ...]: an OpenAI-compatible transcription server (FastAPI on uvicorn).
+
+    python -m glm_asr.serve port=8000 device=gpu
+    curl localhost:8000/v1/audio/transcriptions -F file=@talk.flac -F response_format=srt
+
+POST /v1/audio/transcriptions (multipart: file, model, response_format json | text | srt | vtt |
+verbose_json, temperature (only 0), language and prompt (accepted and ignored: OpenAI's prompt is a
+style/context hint, not our instruction; the instruction is the server's `prompt` option)), GET
+/v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
+request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
+for the same file and options. One model runs one request at a time (Worker); `transcribe` is the
+one model call. Uploads stream to a temporary file (limit max_upload_mb, checked as they come),
+deleted when the request ends.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from omegaconf import DictConfig
+
+from tilekernels.runtime import from_model_config, pick_device
+from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, UploadTooLarge, check_model, limited,
+                                        make_app, serve, submit, wait)
+
+from .api import ASRError, SpeechRecognizer, Transcript, _vad
+from .audio import Audio, AudioError
+from .formats import join, render
+from .pipeline import Transcriber
+from .transcribe import vad_options
+
+RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
+                 "vtt": "text/vtt; charset=utf-8"}
+
+
+def transcribe(asr: SpeechRecognizer, path: str, name: str, o: dict, cancelled=lambda: False) -> Transcript:
+    """The model call: one uploaded file, as python -m glm_asr.transcribe runs it (same options)."""
+    if cancelled():
+        raise ClientGone()
+    r = asr.transcribe(path, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"], audio_stream=o["audio_stream"],
+                       vad=o["vad"], vad_options=o["vad_options"])
+    r.source = name
+    return r
+
+
+def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
+    o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
+                      "max_new_tokens": Int, "prompt": Str, "device": Str, "audio_stream": OptInt, "vad": Str,
+                      "output_format": Str})
+    if o["max_queue"] < 0:
+        raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
+    if o["max_batch"] < 1:
+        raise ValueError(f"max_batch must be >= 1, got {o['max_batch']}")
+    if o["max_upload_mb"] <= 0:
+        raise ValueError(f"max_upload_mb must be > 0, got {o['max_upload_mb']}")
+    default_format = {"txt": "text"}.get(o["output_format"], o["output_format"])
+    if default_format not in RESPONSE_FORMATS:
+        raise ValueError(f"output_format must be one of {', '.join(RESPONSE_FORMATS)}, got {o['output_format']!r}")
+    o["vad_options"] = vad_options(cfg.get("vad_options"))
+    _vad(o["vad"], o["vad_options"])
+    source = from_model_config(cfg.model)
+    model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
+    asr = asr or SpeechRecognizer(Transcriber(source, pick_device(o["device"])))
+    asr.transcriber.check(o["prompt"], o["max_new_tokens"])
+    max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
+    metrics = Metrics("glm_asr")
+    audio_seconds = metrics.add_counter("audio_seconds", "seconds of audio transcribed")
+    app, worker = make_app("glm_asr", model_id, metrics, o["max_queue"], cfg.get("api_key") or None)
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):
+        scratch = tempfile.mkdtemp(prefix="glm_asr.serve.")
+        try:
+            return await _handle(request, scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _handle(request: Request, scratch: str):
+        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+            raise APIError(400, "send multipart/form-data with a file field", "file")
+        body = limited(request, max_bytes)
+        try:
+            form = await body.form(max_files=1, max_fields=64)
+        except UploadTooLarge:
+            raise APIError(413, f"upload exceeds the limit of {o['max_upload_mb']:g} MB (max_upload_mb)", "file",
+                           "upload_too_large") from None
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a malformed multipart body
+            raise APIError(400, f"cannot read the form: {e}") from None
+        try:
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise APIError(400, "file is required (multipart field 'file')", "file")
+            fields = {k: v for k, v in form.items() if isinstance(v, str)}
+            check_model(fields.get("model"), model_id)
+            fmt = fields.get("response_format") or default_format
+            if fmt not in RESPONSE_FORMATS:
+                raise APIError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
+                               "response_format")
+            temperature = fields.get("temperature")
+            if temperature not in (None, ""):
+                try:
+                    t = float(temperature)
+                except ValueError:
+                    raise APIError(400, f"temperature must be a number, got {temperature!r}", "temperature") from None
+                if t != 0:
+                    raise APIError(400, "only temperature 0 (greedy decoding) is supported", "temperature",
+                                   "unsupported_parameter")
+            name = upload.filename or "audio"
+            suffix = re.sub(r"[^A-Za-z0-9]", "", Path(name).suffix)[:10]
+            path = os.path.join(scratch, "upload" + (f".{suffix}" if suffix else ""))
+            with open(path, "wb") as f:
+                await upload.seek(0)
+                while chunk := await upload.read(1 << 20):
+                    f.write(chunk)
+        finally:
+            await form.close()
+        try:
+            seconds = Audio(path, o["audio_stream"], name=name).seconds
+        except AudioError as e:
+            raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
+
+        def run(job: Job) -> Transcript:
+            r = transcribe(asr, path, name, o, job.cancelled.is_set)
+            if seconds:
+                audio_seconds.inc(seconds)
+            return r
+
+        job = submit(worker(), run)
+        try:
+            r = await wait(request, job)
+        except ClientGone:
+            return JSONResponse({}, status_code=499)
+        except ASRError as e:
+            raise APIError(415 if "decod" in str(e).lower() or "read" in str(e).lower() else 400,
+                           str(e), "file", "invalid_audio") from None
+        return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
+
+    return app, o
+
+
+def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, language: str | None):
+    """The response in an OpenAI response_format; the text as the CLI writes it (txt without its
+    final newline; srt and vtt as the CLI's files)."""
+    segments = [asdict(s) for s in r.segments]
+    text = r.text if readable else join(segments)
+    if fmt == "json":
+        return JSONResponse({"text": text})
+    if fmt == "verbose_json":
+        end = segments[-1]["end"] if segments else 0.0
+        return JSONResponse({"task": "transcribe", "language": language or "unknown",
+                             "duration": float(seconds if seconds is not None else end), "text": text,
+                             "segments": [{"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"],
+                                           "tokens": [], "temperature": 0.0} for i, s in enumerate(segments)]})
+    body = render("txt" if fmt == "text" else fmt, r.source, segments, readable=readable)
+    return PlainTextResponse(body, media_type=CONTENT_TYPES[fmt])
+
+
+def run(cfg: DictConfig) -> None:
+    app, o = build_app(cfg)
+    serve(app, o["host"], o["port"], str(cfg.get("log_level") or "info"))
+
+
+@hydra.main(version_base=None, config_path=config_dir("glm_asr"), config_name="serve")
+def main(cfg: DictConfig) -> None:
+    exit_with_one_line_errors(lambda: run(cfg))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""What both OpenAI-compatible servers (python -m gpt.serve, python -m glm_asr.serve) share, free
+of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, the one-model worker
+(a single thread fed by a bounded queue: one request runs at a time, so a result equals the CLI's),
+the upload limit checked while the body streams in, and running uvicorn with graceful SIGTERM.
+
+The batched engine (a later issue) replaces Worker: each server hands it one function per request.
+Needs fastapi, uvicorn, python-multipart and prometheus-client (dependencies of gpt and glm_asr).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("tilekernels.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          429: "rate_limit_error", 499: "invalid_request_error", 503: "server_overloaded", 500: "server_error"}
+
+
+class APIError(Exception):
+    """A request refused with an OpenAI-shaped error body and this HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Job:
+    """One request's model call, run by the worker thread: fn(job) -> result. fn may call
+    job.emit(item) to stream items to the request (thread-safe) and should stop early once
+    job.cancelled is set (its client went away)."""
+
+    def __init__(self, fn: Callable[["Job"], Any], loop: asyncio.AbstractEventLoop | None = None):
+        self.fn, self.future = fn, concurrent.futures.Future()
+        self.cancelled = threading.Event()
+        self.loop = loop or asyncio.get_running_loop()
+        self.items: asyncio.Queue = asyncio.Queue()
+
+    def emit(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Worker:
+    """One model behind one thread: jobs run one at a time in arrival order; at most max_queue
+    wait behind the running one (QueueFull beyond). A cancelled job that has not started is
+    dropped, so a client that disconnects frees its slot."""
+
+    def __init__(self, max_queue: int, metrics: "Metrics"):
+        self.max_queue, self.metrics = max_queue, metrics
+        self._q: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting = self._running = 0
+        self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if self._waiting + self._running >= self.max_queue + 1:
+                raise QueueFull()
+            self._waiting += 1
+            self.metrics.queue_depth.set(self._waiting)
+        self._q.put(job)
+        return job
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            with self._lock:
+                self._waiting -= 1
+                self.metrics.queue_depth.set(self._waiting)
+                skip = job.cancelled.is_set()
+                self._running += 0 if skip else 1
+                self.metrics.running.set(self._running)
+            if skip:
+                job.future.set_exception(ClientGone())
+                continue
+            try:
+                job.future.set_result(job.fn(job))
+            except BaseException as e:  # noqa: BLE001 - handed to the request, the worker goes on
+                job.future.set_exception(e)
+            finally:
+                with self._lock:
+                    self._running -= 1
+                    self.metrics.running.set(self._running)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+
+async def wait(request: Request, job: Job, poll_s: float = 0.25):
+    """The job's result; a client that disconnects first cancels it (ClientGone)."""
+    fut = asyncio.wrap_future(job.future)
+    while True:
+        done, _ = await asyncio.wait({fut}, timeout=poll_s)
+        if done:
+            return fut.result()
+        if await request.is_disconnected():
+            job.cancel()
+            raise ClientGone()
+
+
+class Metrics:
+    """Prometheus metrics of one server (its own registry): requests by endpoint and status,
+    queue depth, running batch size, latency, plus a model's own counters (add_counter)."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self.registry = prefix, CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{prefix}_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.queue_depth = Gauge(f"{prefix}_queue_depth", "requests waiting for the model", registry=r)
+        self.running = Gauge(f"{prefix}_running_batch_size", "requests the model is running now", registry=r)
+        self.latency = Histogram(f"{prefix}_request_latency_seconds", "request latency (to the last byte for "
+                                 "streams)", ["endpoint"], registry=r,
+                                 buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+
+    def add_counter(self, name: str, doc: str) -> Counter:
+        return Counter(f"{self.prefix}_{name}", doc, registry=self.registry)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _endpoint(request: Request) -> str:
+    route = request.scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+def make_app(title: str, model_id: str, metrics: Metrics, max_queue: int, api_key: str | None = None,
+             owned_by: str = "tilekernels") -> tuple[FastAPI, Callable[[], Worker]]:
+    """A FastAPI app with /health, /metrics, /v1/models, OpenAI-shaped errors for every failure
+    (unknown routes included) and the api_key check on /v1/*; the worker starts with the app
+    and stops (after the running requests) when it shuts down. Returns (app, the worker)."""
+    state: dict[str, Worker] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        state["worker"] = Worker(max_queue, metrics)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state["worker"].stop)
+
+    app = FastAPI(title=title, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def _auth_and_metrics(request: Request, call_next):
+        start = time.perf_counter()
+        if api_key and request.url.path.startswith("/v1"):
+            auth = request.headers.get("authorization", "")
+            if auth != f"Bearer {api_key}":
+                response = error_response(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                          code="invalid_api_key")
+                metrics.requests.labels("unauthorized", "401").inc()
+                return response
+        response = await call_next(request)
+        endpoint = _endpoint(request)
+        metrics.requests.labels(endpoint, str(response.status_code)).inc()
+        if getattr(response, "body_iterator", None) is None or response.status_code != 200:
+            metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+        else:   # a stream: its latency ends with its last chunk
+            inner = response.body_iterator
+
+            async def timed():
+                try:
+                    async for chunk in inner:
+                        yield chunk
+                finally:
+                    metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+            response.body_iterator = timed()
+        return response
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request, e: APIError):
+        return error_response(e.status, e.message, e.param, e.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request, e: StarletteHTTPException):
+        if e.status_code == 404:
+            return error_response(404, f"no route {request.method} {request.url.path}", code="not_found")
+        return error_response(e.status_code, str(e.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request, e: RequestValidationError):
+        errors = e.errors()
+        first = errors[0] if errors else {}
+        loc = [str(x) for x in first.get("loc", ()) if x not in ("body", "query")]
+        return error_response(400, f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}",
+                              ".".join(loc) or None)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request, e: Exception):
+        log.exception("internal error")
+        return error_response(500, f"internal error: {e.__class__.__name__}")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_id}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card(model_id, owned_by)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_id:
+            raise APIError(404, f"model {name!r} not found (this server has {model_id!r})", "model",
+                           "model_not_found")
+        return model_card(model_id, owned_by)
+
+    return app, lambda: state["worker"]
+
+
+_CREATED = int(time.time())
+
+
+def model_card(model_id: str, owned_by: str) -> dict:
+    return {"id": model_id, "object": "model", "created": _CREATED, "owned_by": owned_by}
+
+
+def check_model(name, model_id: str) -> None:
+    """A request's model: absent, empty or this server's (else 404 model_not_found)."""
+    if name not in (None, "", model_id):
+        raise APIError(404, f"model {name!r} not found (this server has {model_id!r})", "model", "model_not_found")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def submit(worker: Worker, fn: Callable[[Job], Any]) -> Job:
+    """A Job for fn on the worker; 503 when the queue is full."""
+    try:
+        return worker.submit(Job(fn))
+    except QueueFull:
+        raise APIError(503, f"the server is busy: {worker.max_queue} requests already wait; retry later",
+                       code="queue_full") from None
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+def limited(request: Request, max_bytes: int) -> Request:
+    """The request with its body counted as it streams in: past max_bytes (or a Content-Length
+    over it) reading raises APIError 413 at once, before the rest is received."""
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > max_bytes:
+        raise APIError(413, f"upload of {int(length)} bytes exceeds the limit of {max_bytes} bytes",
+                       code="upload_too_large")
+    seen = 0
+    receive = request.receive
+
+    async def counting():
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > max_bytes:
+                raise UploadTooLarge()
+        return message
+
+    return Request(request.scope, counting)
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+    """Run app on uvicorn until SIGINT/SIGTERM: it stops accepting, lets the running requests
+    finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None)
+    uvicorn.Server(config).run()
+
+
+def positive(name: str, value, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+__all__ = ["APIError", "ClientGone", "Job", "Metrics", "UploadTooLarge", "Worker", "check_model", "error_body",
+           "error_response", "limited", "make_app", "new_id", "serve", "submit", "wait", "PlainTextResponse"]

@@ -1,0 +1,354 @@
+"""The OpenAI-compatible servers (python -m gpt.serve, python -m glm_asr.serve) as subprocesses on
+loopback, driven by the official openai client: results equal the CLIs', errors, concurrency, drain."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "gpt2"))
+from checkpoints import make_gpt2  # noqa: E402
+
+ONE = ROOT / "tests/asr/fixtures/one.flac"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, module: str, args: list[str], tmp: Path):
+        self.port = free_port()
+        self.tmp = tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmp)}
+        self.log = open(tmp.parent / f"{tmp.name}.log", "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args, "device=cpu", f"port={self.port}",
+                                      "log_level=warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{module} exited: {Path(self.log.name).read_text()}")
+            try:
+                with urllib.request.urlopen(self.url("/health"), timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"{module} did not come up: {Path(self.log.name).read_text()}")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def client(self, key: str = "x"):
+        return openai.OpenAI(base_url=self.url("/v1"), api_key=key, max_retries=0, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+
+
+def start(request, module, args, tmp) -> Server:
+    s = Server(module, args, tmp)
+    request.addfinalizer(s.stop)
+    return s
+
+
+def post(url: str, body: bytes, headers: dict) -> tuple[int, dict | str]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url: str) -> tuple[int, object]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def error_of(e) -> dict:
+    body = e.body if isinstance(e.body, dict) else {}
+    return body.get("error", body)
+
+
+# ---------------------------------------------------------------- gpt
+
+@pytest.fixture(scope="module")
+def gpt_ckpt(tmp_path_factory):
+    return make_gpt2(tmp_path_factory.mktemp("srv_gpt") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def gpt_server(request, gpt_ckpt, tmp_path_factory):
+    return start(request, "gpt.serve", [f"model.path={gpt_ckpt}"], tmp_path_factory.mktemp("gpt_tmp"))
+
+
+@pytest.fixture(scope="module")
+def gpt_locked(request, gpt_ckpt, tmp_path_factory):
+    return start(request, "gpt.serve", [f"model.path={gpt_ckpt}", "api_key=secret", "max_queue=0"],
+                 tmp_path_factory.mktemp("gpt_locked_tmp"))
+
+
+def gpt_cli(ckpt, *args) -> str:
+    return subprocess.run([sys.executable, "-m", "gpt.generate", f"model.path={ckpt}", "device=cpu", *args],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def test_gpt_completion_equals_cli_and_stream(gpt_server, gpt_ckpt):
+    c = gpt_server.client()
+    r = c.completions.create(model="tiny", prompt="To be", max_tokens=20, temperature=0)
+    assert gpt_cli(gpt_ckpt, "prompt=To be", "max_new_tokens=20", "temperature=0") == "To be" + r.choices[0].text + "\n"
+    assert r.object == "text_completion" and r.choices[0].finish_reason in ("stop", "length")
+    assert r.choices[0].logprobs is None and r.usage.completion_tokens >= 1
+    chunks = list(c.completions.create(model="tiny", prompt="To be", max_tokens=20, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    echo = c.completions.create(model="tiny", prompt="To be", max_tokens=20, temperature=0, echo=True)
+    assert echo.choices[0].text == "To be" + r.choices[0].text
+    models = c.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_gpt_n_seed_equals_api(gpt_server, gpt_ckpt):
+    import gpt
+
+    lm = gpt.load(str(gpt_ckpt), "cpu")
+    want = lm.generate(["To be", "or not"], max_new_tokens=12, temperature=0.9, top_k=50, seed=7, num_samples=2)
+    r = gpt_server.client().completions.create(model="tiny", prompt=["To be", "or not"], max_tokens=12,
+                                               temperature=0.9, seed=7, n=2, extra_body={"top_k": 50})
+    assert [ch.text for ch in sorted(r.choices, key=lambda ch: ch.index)] == [w.text for w in want]
+    chunks = gpt_server.client().completions.create(model="tiny", prompt=["To be", "or not"], max_tokens=12,
+                                                    temperature=0.9, seed=7, n=2, extra_body={"top_k": 50},
+                                                    stream=True)
+    texts = [""] * 4
+    for ch in chunks:
+        for choice in ch.choices:
+            texts[choice.index] += choice.text
+    assert texts == [w.text for w in want]
+
+
+def test_gpt_errors(gpt_server, gpt_locked):
+    c = gpt_server.client()
+    for kwargs, status in (({"logprobs": 1}, 400), ({"max_tokens": 1000}, 400), ({"top_p": 2.0}, 400),
+                           ({"n": 0}, 400), ({"model": "nope"}, 404)):
+        args = {"model": "tiny", "prompt": "To be", "max_tokens": 5, **kwargs}
+        with pytest.raises(openai.APIStatusError) as e:
+            c.completions.create(**args)
+        assert e.value.status_code == status, kwargs
+        err = error_of(e.value)
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    status, body = get(gpt_server.url("/v1/nothing"))
+    assert status == 404 and body["error"]["message"]
+    status, body = post(gpt_server.url("/v1/completions"), b"{not json", {"content-type": "application/json"})
+    assert status == 400 and "error" in body
+    with pytest.raises(openai.AuthenticationError):
+        gpt_locked.client("wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert gpt_locked.client("secret").completions.create(model="tiny", prompt="x", max_tokens=2).choices
+    # still fine after all that
+    assert c.completions.create(model="tiny", prompt="To be", max_tokens=3, temperature=0).choices[0].text is not None
+
+
+def test_gpt_16_concurrent(gpt_server, gpt_ckpt):
+    import gpt
+
+    lm = gpt.load(str(gpt_ckpt), "cpu")
+    prompts = [f"To be {i}" for i in range(16)]
+    want = [lm.generate(p, max_new_tokens=15, temperature=0)[0].text for p in prompts]
+    got, errors = [None] * 16, []
+
+    def one(i):
+        try:
+            c = gpt_server.client()
+            if i % 2:
+                got[i] = "".join(ch.choices[0].text for ch in c.completions.create(
+                    model="tiny", prompt=prompts[i], max_tokens=15, temperature=0, stream=True) if ch.choices)
+            else:
+                got[i] = c.completions.create(model="tiny", prompt=prompts[i], max_tokens=15,
+                                              temperature=0).choices[0].text
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and got == want
+    status, text = get(gpt_server.url("/metrics"))
+    assert status == 200 and "gpt_generated_tokens_total" in text and "gpt_queue_depth" in text
+    assert 'gpt_requests_total{endpoint="/v1/completions",status="200"}' in text
+
+
+# ---------------------------------------------------------------- glm_asr
+
+@pytest.fixture(scope="module")
+def asr_ckpt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("srv_asr") / "tinyasr"
+    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
+                   check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sounds(tmp_path_factory):
+    d = tmp_path_factory.mktemp("srv_audio")
+    t = np.arange(int(16000 * 2.5)) / 16000
+    sf.write(d / "tone.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
+    t = np.arange(16000 * 65) / 16000
+    sf.write(d / "long.flac", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
+    (d / "notaudio.wav").write_text("this is not audio")
+    (d / "big.wav").write_bytes(b"\0" * (2 * 1024 * 1024 + 10))
+    return d
+
+
+@pytest.fixture(scope="module")
+def asr_server(request, asr_ckpt, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("asr_tmp")
+    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}"], tmp)
+    yield s
+    assert not list(tmp.rglob("upload*")) and not list(tmp.glob("glm_asr.serve.*")), "uploads left behind"
+
+
+@pytest.fixture(scope="module")
+def asr_none(request, asr_ckpt, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("asr_none_tmp")
+    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}", "vad=none", "api_key=secret", "max_queue=0",
+                                         "max_upload_mb=1"], tmp)
+    yield s
+    assert not list(tmp.rglob("upload*")) and not list(tmp.glob("glm_asr.serve.*")), "uploads left behind"
+
+
+def asr_cli(ckpt, path, *args) -> str:
+    return subprocess.run([sys.executable, "-m", "glm_asr.transcribe", str(path), f"model.path={ckpt}", "device=cpu",
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_asr_equals_cli(asr_server, asr_none, asr_ckpt, sounds):
+    c = asr_server.client()
+    with open(ONE, "rb") as f:
+        r = c.audio.transcriptions.create(model="tinyasr", file=f)
+    assert asr_cli(asr_ckpt, ONE) == r.text + "\n"
+    with open(ONE, "rb") as f:
+        srt = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="srt", language="en",
+                                            prompt="a hint", temperature=0)
+    assert srt == asr_cli(asr_ckpt, ONE, "output_format=srt")
+    with open(ONE, "rb") as f:
+        v = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json")
+    assert v.text == r.text and v.segments and v.segments[0].id == 0 and v.duration > 0
+    with open(sounds / "tone.wav", "rb") as f:
+        t = asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f, response_format="text")
+    assert t == asr_cli(asr_ckpt, sounds / "tone.wav", "vad=none")
+
+
+def test_asr_errors(asr_server, asr_none, sounds):
+    c = asr_server.client()
+    for path, kwargs, status in ((ONE, {"temperature": 0.5}, 400), (ONE, {"response_format": "xml"}, 400),
+                                 (ONE, {"model": "whisper-1"}, 404), (sounds / "notaudio.wav", {}, 415)):
+        with open(path, "rb") as f, pytest.raises(openai.APIStatusError) as e:
+            c.audio.transcriptions.create(**{"model": "tinyasr", "file": f, **kwargs})
+        assert e.value.status_code == status, kwargs
+        assert set(error_of(e.value)) == {"message", "type", "param", "code"}
+    with open(sounds / "big.wav", "rb") as f, pytest.raises(openai.APIStatusError) as e:
+        asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f)
+    assert e.value.status_code == 413
+    with open(ONE, "rb") as f, pytest.raises(openai.AuthenticationError):
+        asr_none.client("wrong").audio.transcriptions.create(model="tinyasr", file=f)
+    status, body = get(asr_server.url("/v1/audio/translations"))
+    assert status == 404 and "error" in body
+
+
+def test_asr_queue_full_503(asr_none, sounds):
+    """max_queue=0: while a long request runs, another gets 503; the long one still completes."""
+    result = {}
+
+    def long():
+        with open(sounds / "long.flac", "rb") as f:
+            result["text"] = asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f).text
+
+    t = threading.Thread(target=long)
+    t.start()
+    deadline, seen = time.monotonic() + 30, None
+    while time.monotonic() < deadline and seen is None and t.is_alive():
+        status, text = get(asr_none.url("/metrics"))
+        if "glm_asr_running_batch_size 1.0" in text:
+            with open(sounds / "tone.wav", "rb") as f, pytest.raises(openai.APIStatusError) as e:
+                asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f)
+            seen = e.value.status_code
+        time.sleep(0.05)
+    t.join(120)
+    assert seen == 503 and "text" in result
+
+
+def test_asr_concurrent(asr_server, asr_ckpt):
+    want = asr_cli(asr_ckpt, ONE)
+    got, errors = [None] * 16, []
+
+    def one(i):
+        try:
+            with open(ONE, "rb") as f:
+                got[i] = asr_server.client().audio.transcriptions.create(model="tinyasr", file=f).text + "\n"
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and got == [want] * 16
+    status, text = get(asr_server.url("/metrics"))
+    assert "glm_asr_audio_seconds_total" in text
+
+
+def test_asr_sigterm_drains(request, asr_ckpt, sounds, tmp_path_factory):
+    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}", "vad=none"], tmp_path_factory.mktemp("drain"))
+    result = {}
+
+    def long():
+        try:
+            with open(sounds / "long.flac", "rb") as f:
+                result["text"] = s.client().audio.transcriptions.create(model="tinyasr", file=f).text
+        except Exception as e:  # noqa: BLE001
+            result["error"] = e
+
+    t = threading.Thread(target=long)
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if "glm_asr_running_batch_size 1.0" in get(s.url("/metrics"))[1]:
+            break
+        time.sleep(0.05)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(120)
+    assert "text" in result, result
+    assert s.proc.wait(60) in (0, -signal.SIGTERM, 143)
