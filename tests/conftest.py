@@ -1,6 +1,12 @@
-"""Shared fixtures: fresh random generators, poisoned GPU allocations, GPU gating."""
+"""Shared fixtures: fresh random generators, poisoned GPU allocations, GPU gating, the tiny GLM-ASR."""
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _gpu_available() -> bool:
@@ -45,3 +51,12 @@ def poisoned():
     cupy.cuda.set_allocator(alloc)
     yield cupy
     cupy.cuda.set_allocator(pool.malloc)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """The tiny GLM-ASR checkpoint, made by the project's own tool (sharded, as the hub's)."""
+    out = tmp_path_factory.mktemp("tiny_glm")
+    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
+                   check=True, capture_output=True)
+    return out

@@ -198,26 +198,23 @@ def test_gpt_16_concurrent(gpt_server, gpt_ckpt):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    concurrently(one, 16)
     assert not errors and got == want
     status, text = get(gpt_server.url("/metrics"))
     assert status == 200 and "gpt_generated_tokens_total" in text and "gpt_queue_depth" in text
     assert 'gpt_requests_total{endpoint="/v1/completions",status="200"}' in text
 
 
+def concurrently(fn, n: int) -> None:
+    """fn(0) ... fn(n - 1) at once, each in its own thread (bounded: 120 s each)."""
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+
+
 # ---------------------------------------------------------------- glm_asr
-
-@pytest.fixture(scope="module")
-def asr_ckpt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("srv_asr") / "tinyasr"
-    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
-                   check=True, capture_output=True)
-    return out
-
 
 @pytest.fixture(scope="module")
 def sounds(tmp_path_factory):
@@ -232,18 +229,18 @@ def sounds(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def asr_server(request, asr_ckpt, tmp_path_factory):
+def asr_server(request, tiny, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("asr_tmp")
-    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}"], tmp)
+    s = start(request, "glm_asr.serve", [f"model.path={tiny}", "served_model_name=tinyasr"], tmp)
     yield s
     assert not list(tmp.rglob("upload*")) and not list(tmp.glob("glm_asr.serve.*")), "uploads left behind"
 
 
 @pytest.fixture(scope="module")
-def asr_none(request, asr_ckpt, tmp_path_factory):
+def asr_none(request, tiny, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("asr_none_tmp")
-    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}", "vad=none", "api_key=secret", "max_queue=0",
-                                         "max_upload_mb=1"], tmp)
+    s = start(request, "glm_asr.serve", [f"model.path={tiny}", "served_model_name=tinyasr", "vad=none",
+                                         "api_key=secret", "max_queue=0", "max_upload_mb=1"], tmp)
     yield s
     assert not list(tmp.rglob("upload*")) and not list(tmp.glob("glm_asr.serve.*")), "uploads left behind"
 
@@ -253,21 +250,21 @@ def asr_cli(ckpt, path, *args) -> str:
                            *args], check=True, capture_output=True, text=True).stdout
 
 
-def test_asr_equals_cli(asr_server, asr_none, asr_ckpt, sounds):
+def test_asr_equals_cli(asr_server, asr_none, tiny, sounds):
     c = asr_server.client()
     with open(ONE, "rb") as f:
         r = c.audio.transcriptions.create(model="tinyasr", file=f)
-    assert asr_cli(asr_ckpt, ONE) == r.text + "\n"
+    assert asr_cli(tiny, ONE) == r.text + "\n"
     with open(ONE, "rb") as f:
         srt = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="srt", language="en",
                                             prompt="a hint", temperature=0)
-    assert srt == asr_cli(asr_ckpt, ONE, "output_format=srt")
+    assert srt == asr_cli(tiny, ONE, "output_format=srt")
     with open(ONE, "rb") as f:
         v = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json")
     assert v.text == r.text and v.segments and v.segments[0].id == 0 and v.duration > 0
     with open(sounds / "tone.wav", "rb") as f:
         t = asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f, response_format="text")
-    assert t == asr_cli(asr_ckpt, sounds / "tone.wav", "vad=none")
+    assert t == asr_cli(tiny, sounds / "tone.wav", "vad=none")
 
 
 def test_asr_errors(asr_server, asr_none, sounds):
@@ -309,8 +306,8 @@ def test_asr_queue_full_503(asr_none, sounds):
     assert seen == 503 and "text" in result
 
 
-def test_asr_concurrent(asr_server, asr_ckpt):
-    want = asr_cli(asr_ckpt, ONE)
+def test_asr_concurrent(asr_server, tiny):
+    want = asr_cli(tiny, ONE)
     got, errors = [None] * 16, []
 
     def one(i):
@@ -320,18 +317,15 @@ def test_asr_concurrent(asr_server, asr_ckpt):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    concurrently(one, 16)
     assert not errors and got == [want] * 16
     status, text = get(asr_server.url("/metrics"))
     assert "glm_asr_audio_seconds_total" in text
 
 
-def test_asr_sigterm_drains(request, asr_ckpt, sounds, tmp_path_factory):
-    s = start(request, "glm_asr.serve", [f"model.path={asr_ckpt}", "vad=none"], tmp_path_factory.mktemp("drain"))
+def test_asr_sigterm_drains(request, tiny, sounds, tmp_path_factory):
+    s = start(request, "glm_asr.serve", [f"model.path={tiny}", "served_model_name=tinyasr", "vad=none"],
+              tmp_path_factory.mktemp("drain"))
     result = {}
 
     def long():

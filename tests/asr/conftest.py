@@ -1,21 +1,6 @@
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import soundfile as sf
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="session")
-def tiny(tmp_path_factory):
-    """The tiny GLM-ASR checkpoint, made by the project's own tool (sharded, as the hub's)."""
-    out = tmp_path_factory.mktemp("tiny_glm")
-    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
-                   check=True, capture_output=True)
-    return out
 
 
 @pytest.fixture(scope="session")
