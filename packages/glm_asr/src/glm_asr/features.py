@@ -13,7 +13,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .audio import SAMPLE_RATE, AudioError, read_audio  # noqa: F401  (read_audio: the whole-file form)
+from .audio import SAMPLE_RATE, AudioError
 
 N_FFT, HOP = 400, 160
 WINDOW_SECONDS = 30
