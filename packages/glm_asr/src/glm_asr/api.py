@@ -90,7 +90,7 @@ class SpeechRecognizer:
         update(seconds) (a tqdm bar), told the audio done window by window."""
         with _one_line():
             self.transcriber.check(prompt, max_new_tokens)
-            options = _vad(vad, vad_options)
+            options = vad_settings(vad, vad_options)
             if isinstance(audio, np.ndarray):
                 return Transcript("<samples>", self._segments(_samples(audio, sample_rate), prompt, max_new_tokens,
                                                               progress, options))
@@ -116,7 +116,7 @@ class SpeechRecognizer:
         return [Segment(**s) for s in self.transcriber.transcribe(audio, prompt, max_new_tokens, progress, vad)]
 
 
-def _vad(vad: str, options) -> VadOptions | None:
+def vad_settings(vad: str, options) -> VadOptions | None:
     """VadOptions for vad='silero' (from a dict of its fields, or as given), None for 'none'."""
     if vad not in ("silero", "none"):
         raise ValueError(f"vad must be silero or none, got {vad!r}")

@@ -31,7 +31,7 @@ from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_wi
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, UploadTooLarge, check_model, limited,
                                         make_app, serve, submit, wait)
 
-from .api import ASRError, SpeechRecognizer, Transcript, _vad
+from .api import ASRError, SpeechRecognizer, Transcript, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
 from .pipeline import Transcriber
@@ -66,7 +66,7 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     if default_format not in RESPONSE_FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(RESPONSE_FORMATS)}, got {o['output_format']!r}")
     o["vad_options"] = vad_options(cfg.get("vad_options"))
-    _vad(o["vad"], o["vad_options"])
+    vad_settings(o["vad"], o["vad_options"])
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
     asr = asr or SpeechRecognizer(Transcriber(source, pick_device(o["device"])))

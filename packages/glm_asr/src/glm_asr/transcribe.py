@@ -46,7 +46,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
         raise ValueError(f"output_dir {out_dir}: exists and is not a directory")
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
-    vad_options(cfg.get("vad_options"))
+    vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
     asr = SpeechRecognizer(Transcriber(from_model_config(cfg.model), pick_device(o["device"])))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
@@ -57,7 +57,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
         results = asr.transcribe_many(files, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"],
                                       audio_stream=o["audio_stream"], vad=o["vad"],
-                                      vad_options=vad_options(cfg.get("vad_options")), progress=bar)
+                                      vad_options=vad, progress=bar)
         for name, r in zip(names, results):
             if r.error:
                 print(f"error: {r.error}", file=sys.stderr)
@@ -81,23 +81,19 @@ def vad_options(value) -> dict:
     """vad_options.* as plain values, each checked (VadOptions names the one that is wrong)."""
     from omegaconf import OmegaConf
 
+    from .api import vad_settings
     from .vad import VadOptions
 
     o = OmegaConf.to_container(value) if value is not None else {}
     if not isinstance(o, dict):
         raise ValueError(f"vad_options must be a group of settings (vad_options.threshold=0.6), got {o!r}")
-    kinds = {"threshold": float, "neg_threshold": float, "min_speech_duration_ms": float,
-             "max_speech_duration_s": float, "min_silence_duration_ms": float, "speech_pad_ms": float}
-    for k, v in o.items():
-        if k in kinds and v is not None and not isinstance(v, bool):
+    for k, v in o.items():          # every VadOptions field is a number; Hydra may hand over a string
+        if k in VadOptions.__dataclass_fields__ and v is not None and not isinstance(v, bool):
             try:
                 o[k] = float(v)
             except ValueError:
                 raise ValueError(f"vad_options.{k} must be a number, got {v!r}") from None
-    unknown = sorted(set(o) - set(VadOptions.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"vad_options: unknown option {unknown[0]!r}")
-    VadOptions(**o)
+    vad_settings("silero", o)
     return o
 
 
