@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 ASSETS = ROOT / "docs" / "assets"
 MAX_BYTES = 150 * 1024
-DPI = 100
+DPI = 90
 OURS, HF, HF_FAST = "#1f6fb4", "#d9822b", "#f2c48d"     # ours, transformers eager, transformers compiled
 
 
