@@ -16,10 +16,10 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, embedding, linear, norm, qkv, rope, sampling, softmax = (
+act, argmax, attention, decode_attn, embedding, linear, norm, qkv, rope, sampling, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "embedding", "linear", "norm", "qkv", "rope", "sampling",
-              "softmax"))
+    for m in ("activations", "argmax", "attention", "decode", "embedding", "linear", "norm", "qkv", "rope",
+              "sampling", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -51,6 +51,8 @@ def specializations():
         for gated in (False, True):
             out.append((f"act-{code}-{gated}", act.activation_kernel,
                         [arr(1), arr(1), arr(1), act.ELEMENTWISE_TILE, code, gated]))
+    out.append(("cast-bf16", act.activation_kernel, [arr(1), arr(1), arr(1, dtype=W16), act.ELEMENTWISE_TILE, act.NONE,
+                                                     False]))
     # (bias, act, glu, residual, norm) of the models' decode projections
     # (bias, act, glu, residual, norm, scale, weight dtype): GPT-2 (norms folded), GLM-ASR (RMSNorm
     # weights applied in the kernel, bfloat16 weights)
@@ -61,23 +63,11 @@ def specializations():
               (False, act.SILU, True, False, linear.RMS, False, W32), (False, 0, False, False, linear.NO_NORM, False, W32)]
     for bias, code, glu, res, nrm, scale, wt in decode:
         name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}-scale{scale}-{wt}"
-        gemv_tiles = linear.BF16_GEMV if wt == W16 else (1, 2048) if glu or nrm == linear.RMS else (2, 1024)
         w = arr(2, dtype=wt)
-        out.append((f"gemv-{name}", linear.gemv_kernel,
-                    [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32, *gemv_tiles, bias, code, glu, res, nrm, scale,
-                     wt == W16, wt != W16]))
-        for precise in (False, True):
-            out.append((f"skinny-{name}-p{precise}", linear.skinny_kernel,
-                        [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), F32,
-                         *(linear.SKINNY_GLU if glu else linear.SKINNY), bias, code, glu, res, nrm, scale, precise]))
-    # the float32 batch-1 tiles linear_plan picks by (N, K): GPT-2's qkv, attention output, MLP output; GLM-ASR's
-    for n, k in ((2304, 768), (768, 768), (768, 3072), (2048, 2048), (2048, 6144)):
-        _, (tn, tk), _ = linear.linear_plan(1, n, k)
-        out.append((f"gemv-fp32-{n}x{k}", linear.gemv_kernel,
-                    [arr(2), arr(2), arr(2), arr(1), arr(1), arr(2), arr(2), F32, tn, tk, True, 0, False, n <= k,
-                     linear.LAYER if n > k else linear.NO_NORM, False, False, tk >= k]))
-    out.append(("gemv-tma", linear.gemv_kernel, [*[arr(2)] * 3, arr(1), arr(1), arr(2), arr(2), F32, 32, 256,
-                                                  True, 0, False, False, linear.LAYER, False, True, False]))
+        for precise, m, split in ((0, 1, False), (0, 8, False), (1, 8, True), (0, 64, True), (0, 128, True)):
+            out.append((f"skinny-{name}-p{precise}-m{m}-split{split}", linear.skinny_kernel,
+                        [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
+                         *linear.skinny_tiles(m, glu), bias, code, glu, res, nrm, scale, precise, split, True]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),
@@ -89,6 +79,19 @@ def specializations():
         for precise in (False, True):
             out.append((f"linear-{bias}-{code}-glu{glu}-res{res}-{wt}-p{precise}", linear.linear_kernel,
                         [arr(2), w, w, arr(1), arr(2), arr(2), I32, *tiles, bias, code, glu, res, False, precise]))
+    # precision 'medium': bfloat16 inputs and weights on BF16 tensor cores (the encoder's and a prefill's products),
+    # the first MLP projection storing its output in bfloat16 for the second
+    for bias, code, glu, res, out_w in ((True, 0, False, False, W32), (True, act.GELU_ERF, False, False, W16),
+                                        (True, 0, False, True, W32), (False, act.SILU, True, False, W16),
+                                        (False, 0, False, True, W32)):
+        tiles = linear.BF16_GLU_LARGE_M if glu else linear.BF16_LARGE_M
+        w16 = arr(2, dtype=W16)
+        out.append((f"linear-bf16-{bias}-{code}-glu{glu}-res{res}-out{out_w}", linear.linear_kernel_occupancy2,
+                    [w16, w16, w16, arr(1), arr(2), arr(2, dtype=out_w), I32, *tiles, bias, code, glu, res, False, 2]))
+    for n in (1280, 2048):
+        rows, tile = norm.norm_config(n)
+        out.append((f"norm-{n}-bf16-out", norm.norm_kernel,
+                    [arr(2), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
     out.append(("linear-partial", linear.linear_kernel,
                 [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *linear.LARGE_M, False, 0, False, False, True, False]))
     for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),
@@ -111,19 +114,19 @@ def specializations():
     tile = argmax.chunk_tile(50257)
     span = (tile, next_pow2(-(-50257 // tile)))
     u8 = arr(2, dtype=ct.uint8)
-    for penalty, greedy in ((False, False), (True, False), (True, True)):
-        out.append((f"sample-prepare-p{penalty}-g{greedy}", sampling.prepare_kernel,
+    for penalty in (False, True):
+        out.append((f"sample-prepare-p{penalty}", sampling.prepare_kernel,
                     [arr(2), u8 if penalty else arr(2), arr(2), arr(2), iarr(2), iarr(1), arr(1), iarr(1), iarr(1),
-                     F32, *span, penalty, greedy]))
+                     arr(1), iarr(1), arr(1), *span, penalty]))
     for mass, first in ((False, False), (True, True), (True, False)):
         out.append((f"sample-search-m{mass}-f{first}", sampling.search_kernel,
-                    [arr(2), arr(1), iarr(1), iarr(1), arr(1), arr(3), iarr(1), I32, F32, F32, *span,
+                    [arr(2), arr(1), iarr(1), iarr(1), arr(1), arr(3), iarr(1), iarr(1), arr(1), arr(1), *span,
                      sampling.WAYS, sampling.SUB, mass, first]))
     for tail, mark in ((False, False), (True, True)):
         out.append((f"sample-draw-tail{tail}-mark{mark}", sampling.draw_kernel,
                     [arr(2), arr(1), iarr(1), arr(1), arr(2), iarr(1), u8 if mark else arr(2), i64, i64,
                      iarr(1) if tail else i64, arr(2), arr(2), arr(2), 2 if tail else 1, 1024, tail, tail, tail, tail,
-                     F32, *span, False, mark]))
+                     arr(1), *span, mark]))
     for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,
@@ -133,21 +136,23 @@ def specializations():
             tm, tn, kernel = attention.flash_plan(d, causal)
             out.append((f"flash-{d}-{causal}-p{precise}", kernel,
                         [arr(4), arr(4, False), arr(4, False), arr(4), iarr(1), F32, I32, d, tm, tn, causal, precise]))
-        # (final, new token, rope): attention's decode path, and decode_attention's
-        for final, new, rope_on in ((False, False, False), (True, False, False), (False, True, d == 128),
-                                    (True, True, d == 128)):
-            q = arr(4, False) if new else arr(4)
-            out.append((f"decode-{d}-final{final}-new{new}-rope{rope_on}", attention.decode_split_kernel,
-                        [q, arr(4, False), arr(4, False), arr(4, False), arr(4, False), arr(4), arr(3), arr(3),
-                         arr(4), iarr(1), iarr(1), iarr(1), arr(3), arr(3), F32, I32, I32, I32, d,
-                         attention.decode_tile_keys(d), 1 if final else 32, final, new, rope_on]))
+        for new, rope_on, kv in ((False, False, ct.float32), (True, d == 128, ct.float32),
+                                 (True, d == 128, ct.uint16), (False, False, ct.uint16)):
+            for rows in (False, True) if new else (False,):     # rows: the engine's slots, lengths (B,) int64
+                lengths = arr(1, dtype=ct.int64) if rows else iarr(1)
+                out.append((f"decode-{d}-new{new}-rope{rope_on}-{kv}-rows{rows}", decode_attn.decode_kernel,
+                            [arr(4, False), arr(4, False, kv), arr(4, False, kv), arr(4, False), arr(4, False), arr(4),
+                             arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32, I32, d,
+                             decode_attn.group_rows(4 if d == 128 else 1),
+                             decode_attn.tile_keys(d), 0, new, rope_on, rows]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
-    for d, rope_on in ((64, False), (128, True), (64, True)):     # GPT-2, GLM decoder, GLM encoder
-        out.append((f"split-qkv-{d}-rope{rope_on}", qkv.split_qkv_kernel,
-                    [arr(4), arr(4), arr(4), arr(4), iarr(1), iarr(1), arr(3), arr(3), I32, qkv.SPLIT_TILE_T, d,
-                     rope_on]))
+    for d, rope_on, kv in ((64, False, ct.float32), (128, True, ct.float32), (64, True, ct.float32),
+                           (64, False, ct.uint16), (128, True, ct.uint16)):     # GPT-2, GLM decoder, GLM encoder
+        out.append((f"split-qkv-{d}-rope{rope_on}-{kv}", qkv.split_qkv_kernel,
+                    [arr(4), arr(4, dtype=kv), arr(4, dtype=kv), arr(4), iarr(1), iarr(1), arr(3), arr(3), I32,
+                     qkv.SPLIT_TILE_T, d, rope_on]))
     return out
 
 

@@ -344,3 +344,18 @@ def test_ops_take_bfloat16_weights(rng):
     np.testing.assert_array_equal(tk.linear(x, w, norm=tk.RMSNorm(g)), tk.linear(x, tk.widen(w), norm=tk.RMSNorm(g)))
     ids = np.array([[0, 5, 23]])
     np.testing.assert_array_equal(tk.embedding(ids, w), tk.widen(w)[ids])
+
+
+def test_sample_settings_per_row_equal_each_row_alone():
+    """Settings given per row (arrays) draw, row by row, what each row's settings draw alone."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((5, 97)) * 2).astype(np.float32)
+    u = rng.random(5, dtype=np.float32)
+    cfg = dict(temperature=np.array([0, 1.0, 0.7, 1.3, 0], np.float32), top_k=np.array([0, 5, 0, 20, 3], np.int32),
+               top_p=np.array([1, 1, 0.6, 0.9, 1], np.float32), penalty=np.array([1, 1.5, 1, 1, 2], np.float32))
+    seen = (rng.random((5, 97)) < 0.2).astype(np.uint8)
+    got = tk.sample(x, u, seen=seen.copy(), **cfg)
+    for r in range(5):
+        one = {k: v[r].item() for k, v in cfg.items()}
+        assert got[r] == tk.sample(x[r:r + 1], u[r:r + 1], seen=seen[r:r + 1].copy(), **one)[0]
+    assert len(set(got.tolist())) > 2

@@ -7,7 +7,8 @@ from ._arrays import array_module, dependent_launch, full_wait_next, is_device, 
 from .block import Block
 from .activations import gelu, silu, swiglu
 from .argmax import argmax
-from .attention import attention, decode_attention
+from .attention import attention
+from .decode import decode_attention
 from .conv1d import conv1d
 from .embedding import embedding
 from .linear import linear

@@ -12,6 +12,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import backend, check, launch, inputs_ready
+from .weights import like
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -109,24 +110,25 @@ def tile_activation(x, ACT):
 
 @ct.kernel
 def activation_kernel(X, U, Y, TILE: ConstInt, ACT: ConstInt, GATED: ConstBool):
-    """y = act(x), or act(x) * u when GATED; flat 1-D arrays, TILE elements per block."""
+    """y = act(x), or act(x) * u when GATED; flat 1-D arrays, TILE elements per block; Y may be
+    bfloat16 (ACT none: a cast)."""
     inputs_ready()
     i = ct.bid(0)
     x = ct.load(X, index=(i,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
     y = tile_activation(x, ACT)
     if GATED:
         y = y * ct.load(U, index=(i,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
-    ct.store(Y, index=(i,), tile=y)
+    ct.store(Y, index=(i,), tile=like(Y, y))
 
 
 ELEMENTWISE_TILE = 4096
 
 
-def _activation_cupy(x, u, code):
+def _activation_cupy(x, u, code, out=None):
     import cupy
 
     xf = x.reshape(-1)
-    y = cupy.empty_like(xf)
+    y = cupy.empty_like(xf) if out is None else out.reshape(-1)
     grid = ((xf.size + ELEMENTWISE_TILE - 1) // ELEMENTWISE_TILE, 1, 1)
     if xf.size:
         uf = xf if u is None else u.reshape(-1)

@@ -16,6 +16,7 @@ from typing import Callable
 from ._arrays import array_module
 from .linear import linear
 from .norm import LayerNorm, RMSNorm
+from .precision import input_dtype
 
 
 @dataclass
@@ -37,5 +38,6 @@ class Block:
         y = attend(linear(x, *self.qkv, norm=self.norm1))
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
         x = linear(y, *self.o, residual=x)
-        h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2)
+        h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2,
+                   out_dtype=input_dtype(x.shape, self.fc2[0]))      # bfloat16 where fc2 takes it so
         return linear(h, *self.fc2, residual=x)

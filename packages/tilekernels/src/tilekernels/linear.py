@@ -1,27 +1,26 @@
 """y = residual + act(norm(x) @ weight.T + bias), the one projection both models are built of.
 
 weight is (N, K), the torch nn.Linear layout, float32 or bfloat16 (weights.compact: a
-bfloat16 checkpoint kept as it was published; every kernel widens a weight tile to float32
-as it loads it, so the arithmetic is float32 either way and the bytes streamed halve).
-Bias, activation, a gated unit (activation 'swiglu': weight stacks [gate; up],
-y = silu(gate) * up) and the residual add are fused into the kernel's epilogue. The decode
-kernels compute a norm themselves when it is an RMSNorm, or a LayerNorm without parameters
-(fold_norm moved its scale and shift into the weights and centred the weight rows): each
-block sums the row's statistics from the x tiles it streams anyway, scales x by the norm's
-weight as it loads it, and scales the result in the epilogue. Any other norm, and any norm
-ahead of the large-M kernel, runs as its own kernel first. The GEMV issues its weight loads
-before waiting for x (dependent launch: see _arrays.launch).
+bfloat16 checkpoint kept as it was published; the kernels widen a weight tile to float32 as
+they load it, or at precision 'medium' multiply bfloat16 inputs by it directly). Bias,
+activation, a gated unit (activation 'swiglu': weight stacks [gate; up], y = silu(gate) * up)
+and the residual add are fused into the kernel's epilogue. The decode kernel computes a norm
+itself when it is an RMSNorm, or a LayerNorm without parameters (fold_norm moved its scale and
+shift into the weights and centred the weight rows): each block sums the row's statistics from
+the x tiles it streams anyway, scales x by the norm's weight as it loads it, and scales the
+result in the epilogue. Any other norm, and any norm ahead of the tiles kernel, runs as its
+own kernel first (storing bfloat16 where the product takes it).
 
-Three kernels by the number of rows M:
-- M = 1 (decode at batch 1): a weight-streaming GEMV on CUDA cores in plain fp32; each
-  block owns one or two output rows over all of K, so there is no split-K reduction.
-- M <= 16 (batched decode, and M = 1 with a bfloat16 vocabulary-wide N): weights as the A operand
-  of a TF32 mma, 64 output columns per block against up to 16 rows of x.
-- larger M: 128x128 TF32 tiles in grouped order for L2 reuse, split over K (second
-  kernel reduces and applies the epilogue) only when the output tiles cover under a quarter
-  of the SMs.
-Measured on an H200 (benchmarks/results/kernels-h200.md at 4f7986f) and an H100 (gemm-sweep-h100.json at 4f7986f,
-gemv-sweep-h100.json at 4f7986f) to pick these shapes.
+Two kernels, by what the product is (linear_plan):
+- a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
+  skinny kernel, weights as the A operand of a TF32 mma, 32 output columns (gated too) per block
+  against up to 64 of the batch bucket's rows of x, K split over blocks (deterministically
+  merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
+  the same in every bucket.
+- a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
+  order for L2 reuse, TF32 (or bfloat16 at 'medium'), split over K only for decode-shaped
+  products with too few output tiles.
+Measured on an H100: benchmarks/results/ and docs/performance.md.
 """
 from __future__ import annotations
 
@@ -29,12 +28,13 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, inputs_ready, launch, next_pow2, sm_count
-from ._reduce import sums2, sums4
+from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, next_pow2,
+                      reset_count, sm_count)
+from ._reduce import sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
-from .precision import precise, tf32_mma
-from .weights import WEIGHT_DTYPES, f32, widen
+from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode
+from .weights import BF16, WEIGHT_DTYPES, bf16, f32, like, to_bf16, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -43,7 +43,9 @@ RESID_PARTS = 4     # row slices in which linear_kernel's epilogue adds the resi
 
 
 def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
-                     activation: str | None = None, norm=None, residual: np.ndarray | None = None) -> np.ndarray:
+                     activation: str | None = None, norm=None, residual: np.ndarray | None = None,
+                     out_dtype=np.float32) -> np.ndarray:
+    x = widen(x)
     if norm is not None:
         x = norm(x)
     y = x @ widen(weight).T
@@ -56,7 +58,7 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
         y = apply_activation_reference(y.astype(np.float32), activation)
     if residual is not None:
         y = residual + y
-    return y.astype(np.float32)
+    return y.astype(np.float32).astype(out_dtype)
 
 
 # ---------------------------------------------------------------- tile helpers
@@ -95,7 +97,7 @@ def first_column(X, bm, TILE_M: int, NORM: int):
     """x0 of norm_input: each row's first element for LAYER (zeros otherwise)."""
     x0 = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
     if NORM == LAYER:
-        x0 = ct.load(X, index=(bm, 0), shape=(TILE_M, 1), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+        x0 = f32(ct.load(X, index=(bm, 0), shape=(TILE_M, 1), padding_mode=ct.PaddingMode.ZERO, allow_tma=False))
     return x0
 
 
@@ -119,8 +121,8 @@ def residual_tile(R, bm, bn, TILE_M: int, TILE_N: int, RESID: bool):
 def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int,
              TMA: bool = True):
     """Store res + act(acc [* rstd] + bias) [* up] as output tile (bm, bn) (bias and res from
-    bias_tile and residual_tile). TMA=False stores plainly: a TMA store of a tile of 16 bytes or
-    more turns a GEMV warp-specialised (SASS: 256 threads, 255 registers, one block an SM)."""
+    bias_tile and residual_tile), rounded to bfloat16 for a bfloat16 Y. TMA=False stores
+    plainly (a skinny block's small tile)."""
     if NORM != NO_NORM:
         acc = acc * rstd
         up = up * rstd
@@ -131,7 +133,7 @@ def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU:
         acc = acc * up
     if RESID:
         acc = acc + res
-    ct.store(Y, index=(bm, bn), tile=acc, allow_tma=TMA)
+    ct.store(Y, index=(bm, bn), tile=like(Y, acc), allow_tma=TMA)
 
 
 def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
@@ -147,80 +149,82 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
 
 
 # ---------------------------------------------------------------- kernels
-def gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K: int, GLU: bool, NORM: int, SCALE: bool):
-    x = ct.load(X, index=(m, k), shape=(1, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
-    x, s1, s2 = norm_input(x, x0, G, k, s1, s2, X.shape[1], TILE_K, NORM, SCALE)
-    acc = acc + f32(w) * x
-    if GLU:
-        acc2 = acc2 + f32(w2) * x
-    return acc, acc2, s1, s2
-
-
-@ct.kernel
-def gemv_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_N: ConstInt, TILE_K: ConstInt,
-                HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                SCALE: ConstBool, TMA: ConstBool, ONE_TILE: ConstBool):
-    """TILE_N outputs of row bid(1) over all of K in fp32 FMAs: products accumulate
-    elementwise in a (TILE_N, TILE_K) tile and are summed across K once at the end. The
-    first weight tile (all of K when TILE_K covers it) and the bias are requested before
-    the kernel waits for x (dependent launch), the residual with x; see weight_tiles for TMA.
-    ONE_TILE (TILE_K covers K) compiles the K loop out: its code alone held registers (GPT-2's
-    LayerNorm-fused GEMV: 96 -> 40 a thread, 5 -> 12 blocks an SM, so every block of a
-    2304- or 3072-row projection is resident and streaming its weights before the wait).
-    bfloat16 weights go through TMA (linear_plan): loaded plainly, each thread fetches 2 bytes
-    at a time (SASS: LDG.E.U16) and holds as many registers a byte as float32 needs for 4."""
-    bn = ct.bid(0)
-    m = ct.bid(1)
-    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, TMA)
-    bias = bias_tile(Bias, bn, TILE_N, HAS_BIAS)
-    inputs_ready()
-    res = residual_tile(R, m, bn, 1, TILE_N, RESID)
-    x0 = first_column(X, m, 1, NORM)
-    zero = ct.full((TILE_N, TILE_K), 0.0, dtype=ct.float32)
-    stats = ct.full((1, TILE_K), 0.0, dtype=ct.float32)
-    acc, acc2, s1, s2 = gemv_chunk(X, G, m, 0, w, w2, zero, zero, stats, stats, x0, TILE_K, GLU, NORM, SCALE)
-    if not ONE_TILE:
-        for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
-            w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, TMA)
-            acc, acc2, s1, s2 = gemv_chunk(X, G, m, k, w, w2, acc, acc2, s1, s2, x0, TILE_K, GLU, NORM, SCALE)
-    y, up, t1, t2 = sums4(acc, acc2, s1, s2, axis=1)      # (TILE_N, 1) each; t1, t2 the same in every row
-    epilogue(ct.transpose(y), ct.transpose(up), ct.transpose(norm_scale(t1, t2, X.shape[1], eps)), bias, res, Y,
-             m, bn, HAS_BIAS, ACT, GLU, RESID, NORM, TMA)
-
-
 def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
-                 SCALE: bool, PRECISE: bool):
-    x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-    x, s1, s2 = norm_input(x, x0, G, k, s1, s2, X.shape[1], TILE_K, NORM, SCALE)
+                 SCALE: bool, MMA: int):
+    """Fold K chunk k into the (TILE_N, TILE_M) accumulators; the norm's row sums s1, s2
+    (TILE_M, 1) are reduced chunk by chunk (an elementwise (TILE_M, TILE_K) pair would not fit
+    the registers at TILE_M = 128)."""
+    x = f32(ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO))
+    zero = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
+    x, t1, t2 = norm_input(x, x0, G, k, zero, zero, X.shape[1], TILE_K, NORM, SCALE)
+    if NORM != NO_NORM:
+        t1, t2 = sums2(t1, t2, axis=1)
+        s1, s2 = s1 + t1, s2 + t2
     xt = ct.transpose(x)
-    acc = tf32_mma(f32(w), xt, acc, PRECISE)
+    if MMA == BF16_MMA:
+        xt = ct.astype(xt, ct.bfloat16)
+    acc = mma(operand(w, MMA), xt, acc, MMA)
     if GLU:
-        acc2 = tf32_mma(f32(w2), xt, acc2, PRECISE)
+        acc2 = mma(operand(w2, MMA), xt, acc2, MMA)
     return acc, acc2, s1, s2
 
 
-@ct.kernel
-def skinny_kernel(X, W, W2, G, Bias, R, Y, eps: float, TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt,
-                  HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool, RESID: ConstBool, NORM: ConstInt,
-                  SCALE: ConstBool, PRECISE: ConstBool):
-    """Up to TILE_M rows of x against TILE_N weight rows: the weight tile is the mma's
-    A operand (TILE_N, TILE_K), x transposed the B operand, so N fills the tensor-core M."""
+@ct.kernel(occupancy=2)       # two blocks an SM: 1.5-2x the weight bandwidth of one (gpt2 shapes, H100)
+def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
+                  TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
+                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLIT: ConstBool,
+                  W_TMA: ConstBool):
+    """Up to TILE_M rows of x (batched decode: M = 2..128) against TILE_N weight rows over one
+    K range (axis 2 of the grid): the weight tile is the mma's A operand (TILE_N, TILE_K), x
+    transposed the B operand, so N fills the tensor-core M and one pass over the weights serves
+    every row. The weights stream at bandwidth only with enough blocks in flight: SPLIT cuts K
+    into ranges of blocks of their own (skinny_splits), each storing its partial sums (P, P2;
+    the norm's row sums in S); the last block of an output tile to finish (counted in C) adds
+    them in split order, so the result is the same on every run, and applies the epilogue."""
     bn = ct.bid(0)
     bm = ct.bid(1)
-    w, w2 = weight_tiles(W, W2, bn, 0, TILE_N, TILE_K, GLU, True)
+    split = ct.bid(2)
+    k0 = split * k_tiles_per_split
+    k1 = min(k0 + k_tiles_per_split, ct.cdiv(X.shape[1], TILE_K))
+    w, w2 = weight_tiles(W, W2, bn, k0, TILE_N, TILE_K, GLU, W_TMA)
     inputs_ready()
     x0 = first_column(X, bm, TILE_M, NORM)
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
-    stats = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
-    acc, acc2, s1, s2 = skinny_chunk(X, G, bm, 0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
-                                     SCALE, PRECISE)
-    for k in range(1, ct.cdiv(X.shape[1], TILE_K)):
-        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, True)
+    stats = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc, acc2, s1, s2 = skinny_chunk(X, G, bm, k0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
+                                     SCALE, MMA)
+    for k in range(k0 + 1, k1):
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, W_TMA)
         acc, acc2, s1, s2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
-                                         SCALE, PRECISE)
-    epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(*sums2(s1, s2, axis=1), X.shape[1], eps),
-             bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
-             HAS_BIAS, ACT, GLU, RESID, NORM)
+                                         SCALE, MMA)
+    done = True
+    if SPLIT:
+        ct.store(P, index=(split, bn, bm), tile=ct.reshape(acc, (1, TILE_N, TILE_M)), allow_tma=False)
+        if GLU:
+            ct.store(P2, index=(split, bn, bm), tile=ct.reshape(acc2, (1, TILE_N, TILE_M)), allow_tma=False)
+        if NORM != NO_NORM:
+            ct.store(S, index=(split, 0, bm), tile=ct.reshape(s1, (1, 1, TILE_M)), allow_tma=False)
+            ct.store(S, index=(split, 1, bm), tile=ct.reshape(s2, (1, 1, TILE_M)), allow_tma=False)
+        tile = bm * ct.num_blocks(0) + bn
+        done = last_in_group(C, tile, ct.num_blocks(2))
+        if done:
+            acc, acc2, s1, s2 = zero, zero, stats, stats
+            for j in range(ct.num_blocks(2)):
+                acc = acc + ct.reshape(ct.load(P, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
+                                       (TILE_N, TILE_M))
+                if GLU:
+                    acc2 = acc2 + ct.reshape(ct.load(P2, index=(j, bn, bm), shape=(1, TILE_N, TILE_M),
+                                                     allow_tma=False), (TILE_N, TILE_M))
+                if NORM != NO_NORM:
+                    s1 = s1 + ct.reshape(ct.load(S, index=(j, 0, bm), shape=(1, 1, TILE_M), allow_tma=False),
+                                         (TILE_M, 1))
+                    s2 = s2 + ct.reshape(ct.load(S, index=(j, 1, bm), shape=(1, 1, TILE_M), allow_tma=False),
+                                         (TILE_M, 1))
+            reset_count(C, tile)
+    if done:
+        epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
+                 bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
+                 HAS_BIAS, ACT, GLU, RESID, NORM, False)
 
 
 def _grouped(tile_id, num_m, num_n):
@@ -231,10 +235,16 @@ def _grouped(tile_id, num_m, num_n):
     return first_m + (tile_id % size_m), (tile_id % in_group) // size_m
 
 
+def operand(tile, MMA: int):
+    """Tile helper: a loaded tile as the mma takes it: bfloat16 in BF16 mode (both arrays
+    bfloat16), float32 otherwise (widened from bfloat16)."""
+    return bf16(tile) if MMA == BF16_MMA else f32(tile)
+
+
 @ct.kernel
 def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt,
-                  GLU: ConstBool, RESID: ConstBool, PARTIAL: ConstBool, PRECISE: ConstBool):
+                  GLU: ConstBool, RESID: ConstBool, PARTIAL: ConstBool, MMA: ConstInt):
     """One (TILE_M, TILE_N) output tile over one K range (axis 1 of the grid); PARTIAL
     stores the raw sum for splitk_reduce_kernel instead of the epilogue."""
     inputs_ready()
@@ -248,12 +258,12 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
     acc = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
     acc2 = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
     for k in range(k0, k1):
-        a = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+        a = operand(ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO), MMA)
         b = ct.load(W, index=(k, bn), shape=(TILE_K, TILE_N), order=(1, 0), padding_mode=ct.PaddingMode.ZERO)
-        acc = tf32_mma(a, f32(b), acc, PRECISE)
+        acc = mma(a, operand(b, MMA), acc, MMA)
         if GLU:
             b2 = ct.load(W2, index=(k, bn), shape=(TILE_K, TILE_N), order=(1, 0), padding_mode=ct.PaddingMode.ZERO)
-            acc2 = tf32_mma(a, f32(b2), acc2, PRECISE)
+            acc2 = mma(a, operand(b2, MMA), acc2, MMA)
     if PARTIAL:
         ct.store(Y, index=(split, bm, bn), tile=ct.reshape(acc, (1, TILE_M, TILE_N)))
     else:
@@ -287,62 +297,82 @@ def splitk_reduce_kernel(P, Bias, R, Y, TILE_N: ConstInt, HAS_BIAS: ConstBool, A
 # ---------------------------------------------------------------- planning and launch
 LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
-SKINNY = (16, 64, 128)
-SKINNY_GLU = (16, 32, 128)
-BF16_GEMV = (16, 512)       # (TILE_N, TILE_K) of the batch-1 GEMV on bfloat16 weights
+BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
+BF16_GLU_LARGE_M = (128, 64, 64)
+# weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk:
+# the fastest of a sweep on gpt2's decode shapes at 1..128 rows, H100 (docs/performance.md)
+SKINNY_N, SKINNY_GLU_N = 32, 32
+SKINNY_M, SKINNY_K = 64, 128
+SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are multiples of this
 REDUCE_TILE = 256
 
 
-def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, itemsize: int = 4):
-    """Which kernel and tiles for an (M, N outputs, K) product: ('gemv', (TILE_N, TILE_K), tma),
-    ('skinny', tiles) or ('tiles', tiles, K tiles per split, splits).
+def skinny_tiles(m: int, glu: bool) -> tuple[int, int, int]:
+    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows: the batch bucket's rows (16 to 64,
+    an mma's width up to what the registers hold; 128 rows run as two blocks of 64) against the
+    same TILE_N x TILE_K weight tiles at every bucket, so a row's products and its norm's sums
+    are added in the same order whatever rows share its block."""
+    return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K
 
-    Batch-1 projections: GEMV blocks whose weight slice is one tile over all of K, loaded
-    without TMA so the loads are issued before the kernel waits for x: four rows for K <= 1024
-    (one where N <= K: GPT-2's attention output, right after the attention kernel's few blocks),
-    two up to K = 4096, one beyond (gpt2 step 274 -> 256 us against (2, 1024) and one row for
-    K > 1024, the best of 29 mixes, decode-profile-gpt2-b1-h100-gemv-rows-*.json); bfloat16
-    weights in (16, 512) tiles through TMA
-    (plain loads of 2-byte elements streamed at ~1.6 TB/s; GLM-ASR step 2004 -> 1720 us, the
-    best of 14 tile shapes, decode-profile-glm-asr-b1-h100-bf16-tiles.json at 4f7986f). float32 vocabulary
-    heads take the GEMV too (gpt2 step 275.9 -> 271.5 us once its K loop was compiled out,
-    decode-profile-gpt2-b1-h100-one-tile-gemv-merge-in-split.json at 4f7986f); bfloat16 ones (N > 4096)
-    the mma kernel.
-    Chosen on whole decode steps (tools/profile_decode.py --plans, benchmarks/results/
-    decode-profile-*.json), tiles from tools/sweep_gemv.py at 4f7986f."""
-    if m == 1 and itemsize == 2 and n <= (8192 if glu else 4096):
-        return "gemv", BF16_GEMV, True
-    if m == 1 and itemsize == 4:
-        tk = min(next_pow2(k), 8192)
-        tn = 1 if tk > 4096 else 2 if tk > 1024 else 1 if n <= k else 4
-        return "gemv", (tn, tk), False
-    if m <= 16:
-        return "skinny", SKINNY_GLU if glu else SKINNY
-    tm, tn, tk = tiles = GLU_LARGE_M if glu else LARGE_M
+
+def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, sms: int = 132) -> tuple[int, int]:
+    """(K tiles per split, splits): enough blocks along N x K to fill the GPU twice, K cut at
+    multiples of SKINNY_SPLIT_K so every batch bucket (whatever its tile_k) adds the same partial
+    sums in the same order: a row's result does not depend on the rows beside it."""
+    k_units = -(-k // SKINNY_SPLIT_K)
+    want = max(1, min(k_units, -(-2 * sms // -(-n // tile_n))))
+    per_units = -(-k_units // want)
+    return per_units * (SKINNY_SPLIT_K // tile_k), -(-k_units // per_units)
+
+
+def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
+                sequence: bool = False):
+    """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
+    ('tiles', tiles, K tiles per split, splits).
+
+    A decode step's products (one token a sequence: sequence False) of up to DECODE_ROWS rows,
+    batch 1 included, take the skinny kernel, whose arithmetic for a row is the same at every
+    batch size, so a request's logits do not depend on what decodes beside it. A sequence's
+    products (prompts, encoders) take the tiles kernel without split-K, whose arithmetic for a
+    row is likewise the same whatever rows share the product. Split-K serves only the
+    decode-shaped products of more than DECODE_ROWS rows whose output tiles cover under a
+    quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
+    measured slower from half a wave up, tools/sweep_gemm.py at 4f7986f)."""
+    if not sequence and m <= DECODE_ROWS:
+        return "skinny", skinny_tiles(m, glu)
+    tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
-    # split-K only for a grid under a quarter of the SMs: its partial sums cost a pass over
-    # memory and a reduce kernel, measured slower from half a wave up (tools/sweep_gemm.py at 4f7986f)
-    split = 1 if glu or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
+    split = 1 if glu or sequence or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
     return "tiles", tiles, per, -(-k_tiles // per)
 
 
-def _linear_cupy(x, weight, bias, act, glu, norm, residual):
+# bfloat16 operands measured 500 TFLOP/s two blocks an SM against 373 one (H100, 12000 x 5120 x 1280,
+# 128 x 128 x 64 tiles; TF32 299 at one): the BF16 mode launches this copy of the kernel
+linear_kernel_occupancy2 = ct.kernel(linear_kernel._pyfunc, occupancy=2)
+
+
+def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     import cupy
 
     k = x.shape[-1]
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    y = cupy.empty((m, n), dtype=cupy.float32)
+    y = cupy.empty((m, n), dtype=cupy.float32) if out_dtype == np.float32 else \
+        cupy.empty((m, n), dtype=cupy.uint16).view(BF16)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
-    plan = linear_plan(m, n, k, glu, sm_count(), weight.dtype.itemsize)
+    sequence = x.ndim >= 3 and x.shape[-2] > 1
+    mode = mma_mode(weight.dtype, large=sequence or m > DECODE_ROWS)
+    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence)
     rms = isinstance(norm, RMSNorm)
     in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
-        x2 = norm(x2)
+        x2 = norm(x2, out_dtype=BF16 if mode == BF16_MMA else np.float32)
+    elif mode == BF16_MMA:
+        x2 = to_bf16(x2)
     code = (RMS if rms else LAYER) if in_kernel else NO_NORM
     eps = float(norm.eps) if in_kernel else 0.0
     scale = in_kernel and norm.affine
@@ -351,37 +381,44 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual):
     b = x2 if bias is None else bias
     r = y if residual is None else residual.reshape(m, n)
     flags = (bias is not None, act, glu, residual is not None)
-    if plan[0] == "gemv":
-        (tn, tk), tma = plan[1:]
-        launch((-(-n // tn), m, 1), gemv_kernel,
-               (x2, w, w2, g, b, r, y, eps, tn, tk, *flags, code, scale, tma, tk >= k))
-    elif plan[0] == "skinny":
+    if plan[0] == "skinny":
         tm, tn, tk = plan[1]
-        launch((-(-n // tn), -(-m // tm), 1), skinny_kernel,
-               (x2, w, w2, g, b, r, y, eps, tm, tn, tk, *flags, code, scale, precise()))
+        per, split = skinny_splits(n, k, tn, tk, sm_count())
+        n_blocks, m_blocks = -(-n // tn), -(-m // tm)
+        p = p2 = s_ = c = y
+        if split > 1:
+            p = cupy.empty((split, n_blocks * tn, m_blocks * tm), dtype=cupy.float32)
+            p2 = cupy.empty_like(p) if glu else p
+            s_ = cupy.empty((split, 2, m_blocks * tm), dtype=cupy.float32)
+            c = last_block_counters(n_blocks * m_blocks)
+        launch((n_blocks, m_blocks, split), skinny_kernel,
+               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split > 1,
+                True))
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
+        kernel = linear_kernel_occupancy2 if mode == BF16_MMA else linear_kernel
         if split == 1:
-            launch(grid, linear_kernel, (x2, w, w2, b, r, y, per, tm, tn, tk, *flags, False, precise()))
+            launch(grid, kernel, (x2, w, w2, b, r, y, per, tm, tn, tk, *flags, False, mode))
         else:
             part = cupy.empty((split, m, n), dtype=cupy.float32)
-            launch(grid, linear_kernel, (x2, w, w2, b, r, part, per, tm, tn, tk, False, 0, False, False, True,
-                                         precise()))
+            launch(grid, kernel, (x2, w, w2, b, r, part, per, tm, tn, tk, False, 0, False, False, True, mode))
             launch((m, -(-n // REDUCE_TILE), 1), splitk_reduce_kernel,
                    (part, b, r, y, REDUCE_TILE, flags[0], act, flags[3]))
     return y.reshape(*x.shape[:-1], n)
 
 
 def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNorm | RMSNorm | None = None,
-           residual=None):
+           residual=None, out_dtype=np.float32):
     """residual + act(norm(x) @ weight.T + bias); x (..., K), weight (N, K), bias (N,).
 
     activation: None, 'gelu' (exact), 'gelu_tanh', 'silu', or 'swiglu': weight stacks the
     gate and up projections (2I, K) and the result is silu(gate) * up, (..., I).
-    norm: a LayerNorm or RMSNorm applied to x first; the decode kernels (M <= 16) compute an
+    norm: a LayerNorm or RMSNorm applied to x first; the decode kernels (M <= 128) compute an
     RMSNorm or a LayerNorm without parameters (see fold_norm) themselves, otherwise it runs first.
     residual: (..., N_out), added last.
+    x may be bfloat16 (a product's input kept so by precision 'medium'); out_dtype float32 or
+    bfloat16 (the result rounded as it is stored, for a next product that takes bfloat16).
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
         raise TypeError(f"norm: expected a LayerNorm or RMSNorm, got {type(norm).__name__}")
@@ -390,8 +427,10 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
                    norm_bias=getattr(norm, "bias", None))
     glu = activation == "swiglu"
     act = SILU if glu else activation_code(activation)
-    check("x", x, ndim=tuple(range(1, 8)))
+    check("x", x, ndim=tuple(range(1, 8)), dtype=WEIGHT_DTYPES)
     check("weight", weight, shape=(None, x.shape[-1]), dtype=WEIGHT_DTYPES)
+    if np.dtype(out_dtype) not in WEIGHT_DTYPES:
+        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(out_dtype)}")
     n = weight.shape[0]
     if glu:
         if n % 2:
@@ -408,5 +447,5 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     if residual is not None:
         check("residual", residual, shape=(*x.shape[:-1], n))
     if kind == "numpy":
-        return linear_reference(x, weight, bias, activation, norm, residual)
-    return _linear_cupy(x, weight, bias, act, glu, norm, residual)
+        return linear_reference(x, weight, bias, activation, norm, residual, out_dtype)
+    return _linear_cupy(x, weight, bias, act, glu, norm, residual, np.dtype(out_dtype))

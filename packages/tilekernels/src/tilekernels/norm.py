@@ -14,6 +14,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
+from .weights import BF16, KV_DTYPES, like
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -58,7 +59,7 @@ def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: Co
         if not RMS:
             y = y + ct.load(B, index=(0,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO,
                             allow_tma=False)[None, :]
-    ct.store(Y, index=(i, 0), tile=y, allow_tma=False)
+    ct.store(Y, index=(i, 0), tile=like(Y, y), allow_tma=False)
 
 
 def norm_config(n: int) -> tuple[int, int]:
@@ -68,12 +69,13 @@ def norm_config(n: int) -> tuple[int, int]:
     return max(1, 2048 // tile_n), tile_n
 
 
-def _norm_cupy(x, weight, bias, eps, rms):
+def _norm_cupy(x, weight, bias, eps, rms, out_dtype):
     import cupy
 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    y = cupy.empty_like(x2)
+    y = cupy.empty(x2.shape, np.float32) if np.dtype(out_dtype) == np.float32 else \
+        cupy.empty(x2.shape, np.uint16).view(BF16)
     rows, tile_n = norm_config(n)
     grid = ((x2.shape[0] + rows - 1) // rows, 1, 1)
     w = x2 if weight is None else weight
@@ -83,8 +85,10 @@ def _norm_cupy(x, weight, bias, eps, rms):
 
 
 # ---------------------------------------------------------------- public ops
-def _validate(x, weight, bias):
+def _validate(x, weight, bias, out_dtype):
     kind = backend(x=x, weight=weight, bias=bias)
+    if np.dtype(out_dtype) not in KV_DTYPES:
+        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(out_dtype)}")
     check("x", x, ndim=tuple(range(1, 8)))
     n = x.shape[-1]
     if n > MAX_DIM:
@@ -97,20 +101,21 @@ def _validate(x, weight, bias):
     return kind
 
 
-def layernorm(x, weight=None, bias=None, eps: float = 1e-5):
-    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) [* weight + bias]."""
-    if _validate(x, weight, bias) == "numpy":
-        return layernorm_reference(x, weight, bias, eps)
+def layernorm(x, weight=None, bias=None, eps: float = 1e-5, out_dtype=np.float32):
+    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) [* weight + bias], stored in
+    out_dtype (float32, or bfloat16 for a product that takes bfloat16 inputs)."""
+    if _validate(x, weight, bias, out_dtype) == "numpy":
+        return layernorm_reference(x, weight, bias, eps).astype(out_dtype)
     if weight is not None and bias is None:        # the kernel's affine step adds a bias
         bias = array_module(weight).zeros_like(weight)
-    return _norm_cupy(x, weight, bias, eps, rms=False)
+    return _norm_cupy(x, weight, bias, eps, False, out_dtype)
 
 
-def rmsnorm(x, weight=None, eps: float = 1e-6):
-    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) [* weight]."""
-    if _validate(x, weight, None) == "numpy":
-        return rmsnorm_reference(x, weight, eps)
-    return _norm_cupy(x, weight, None, eps, rms=True)
+def rmsnorm(x, weight=None, eps: float = 1e-6, out_dtype=np.float32):
+    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) [* weight], stored in out_dtype."""
+    if _validate(x, weight, None, out_dtype) == "numpy":
+        return rmsnorm_reference(x, weight, eps).astype(out_dtype)
+    return _norm_cupy(x, weight, None, eps, True, out_dtype)
 
 
 @dataclass(frozen=True)
@@ -120,8 +125,8 @@ class LayerNorm:
     bias: Any = None
     eps: float = 1e-5
 
-    def __call__(self, x):
-        return layernorm(x, self.weight, self.bias, self.eps)
+    def __call__(self, x, out_dtype=np.float32):
+        return layernorm(x, self.weight, self.bias, self.eps, out_dtype)
 
     @property
     def affine(self) -> bool:
@@ -134,8 +139,8 @@ class RMSNorm:
     weight: Any = None
     eps: float = 1e-6
 
-    def __call__(self, x):
-        return rmsnorm(x, self.weight, self.eps)
+    def __call__(self, x, out_dtype=np.float32):
+        return rmsnorm(x, self.weight, self.eps, out_dtype)
 
     @property
     def affine(self) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .rope import rope_reference, rotate_half
+from .weights import KV_DTYPES, like
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -26,8 +27,8 @@ def split_qkv_reference(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
     q, k, v = x[:, :, :heads], x[:, :, heads:heads + kv_heads], x[:, :, heads + kv_heads:]
     if cos is not None:
         q, k = rope_reference(q, cos, sin, rotary_dim), rope_reference(k, cos, sin, rotary_dim)
-    k_cache[:, :, start:start + t] = k.transpose(0, 2, 1, 3)
-    v_cache[:, :, start:start + t] = v.transpose(0, 2, 1, 3)
+    k_cache[:, :, start:start + t] = k.transpose(0, 2, 1, 3).astype(k_cache.dtype)     # bfloat16: nearest even
+    v_cache[:, :, start:start + t] = v.transpose(0, 2, 1, 3).astype(v_cache.dtype)
     return np.ascontiguousarray(q.transpose(0, 2, 1, 3), dtype=np.float32)
 
 
@@ -55,20 +56,20 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: Con
     else:
         real = t < QKV.shape[1]      # the tile's tail past T must not touch the cache
         if h < hq + hkv:
-            ct.scatter(KC, (b, h - hq, pos, c), x, mask=real)
+            ct.scatter(KC, (b, h - hq, pos, c), like(KC, x), mask=real)
         else:
-            ct.scatter(VC, (b, h - hq - hkv, pos, c), x, mask=real)
+            ct.scatter(VC, (b, h - hq - hkv, pos, c), like(VC, x), mask=real)
 
 
 def check_fused_qkv(qkv, k_cache, v_cache, start, heads: int, kv_start, cos, sin, rotary_dim):
     """Validate split_qkv's and decode_attention's common arguments; returns
     (kv_start, rotary_dim), the defaults filled in."""
     check("qkv", qkv, ndim=3)
-    check("k_cache", k_cache, ndim=4)
+    check("k_cache", k_cache, ndim=4, dtype=KV_DTYPES)
     bsz, _, width = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
-    check("k_cache", k_cache, shape=(bsz, None, None, None))
-    check("v_cache", v_cache, shape=tuple(k_cache.shape))
+    check("k_cache", k_cache, shape=(bsz, None, None, None), dtype=KV_DTYPES)
+    check("v_cache", v_cache, shape=tuple(k_cache.shape), dtype=k_cache.dtype)
     check("start", start, shape=(1,), dtype=np.int32)
     if heads <= 0 or kv_heads == 0 or heads % kv_heads or width != (heads + 2 * kv_heads) * d:
         raise ValueError(f"qkv: expected last dimension (heads + 2 * kv heads) * head dim = "

@@ -92,17 +92,31 @@ def _chunk(X, r, c, TILE):
     return x, (c * TILE + ct.arange(TILE, dtype=ct.int32))[None, :] < X.shape[1]
 
 
+def _row(A, r):
+    """Tile helper: row r's setting (0-d) from a per-row array."""
+    return ct.load(A, index=(r,), shape=(), allow_tma=False)
+
+
+def _inv_t(TEMP, r):
+    """Tile helper: 1 / temperature of row r (1 for a greedy row, whose weights only rank)."""
+    t = _row(TEMP, r)
+    return 1.0 / ct.where(t > 0, t, 1.0)
+
+
 @ct.kernel
-def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, penalty: float, TILE: ConstInt, CHUNKS: ConstInt,
-                   PENALTY: ConstBool, GREEDY: ConstBool):
-    """Chunk bid(0) of row bid(1): the penalty applied into XP (PENALTY), the chunk's largest
-    value and smallest key; the row's last block writes the row's largest value M, and the
-    search interval [LO, HI] (HI = LO = the largest's key when GREEDY)."""
+def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, TILE: ConstInt, CHUNKS: ConstInt,
+                   PENALTY: ConstBool):
+    """Chunk bid(0) of row bid(1): the row's penalty applied into XP (PENALTY), the chunk's
+    largest value and smallest key; the row's last block writes the row's largest value M and
+    the search interval [LO, HI]: [smallest key, largest key] for a row with top-k, the largest
+    value's key twice for a greedy row (temperature 0), the smallest key twice otherwise (no
+    top-k search: everything stays in)."""
     inputs_ready()
     c = ct.bid(0)
     r = ct.bid(1)
     x, valid = _chunk(X, r, c, TILE)
     if PENALTY:
+        penalty = _row(PEN, r)
         hit = ct.load(SEEN, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO) != 0
         x = ct.where(hit, ct.where(x > 0, x / penalty, x * penalty), x)
         ct.store(XP, index=(r, c), tile=x)
@@ -116,8 +130,10 @@ def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, penalty: float, TILE: Cons
         hi = order_key(ct.reshape(m, (1,)))
         lo = ct.reshape(ct.min(ct.where(ct.arange(CHUNKS, dtype=ct.int32)[None, :] < ct.num_blocks(0), k, INT32_MAX)),
                         (1,))
-        if GREEDY:
-            lo = hi
+        top_k = _row(TOPK, r)
+        greedy = _row(TEMP, r) <= 0
+        lo = ct.where(greedy, hi, lo)
+        hi = ct.where(greedy | ((top_k > 0) & (top_k < X.shape[1])), hi, lo)
         ct.store(M, index=(r,), tile=ct.reshape(m, (1,)), allow_tma=False)
         ct.store(LO, index=(r,), tile=lo, allow_tma=False)
         ct.store(HI, index=(r,), tile=hi, allow_tma=False)
@@ -125,22 +141,25 @@ def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, penalty: float, TILE: Cons
 
 
 @ct.kernel
-def search_kernel(X, M, LO, HI, TARGET, PF, C, top_k: int, top_p: float, inv_t: float, TILE: ConstInt,
-                  CHUNKS: ConstInt, WAYS: ConstInt, SUB: ConstInt, MASS: ConstBool, FIRST: ConstBool):
+def search_kernel(X, M, LO, HI, TARGET, PF, C, TOPK, TOPP, TEMP, TILE: ConstInt, CHUNKS: ConstInt, WAYS: ConstInt,
+                  SUB: ConstInt, MASS: ConstBool, FIRST: ConstBool):
     """One pass of the search for the largest key t in [LO, HI] of row bid(1) with F(t) >= its
-    target, F(t) the count (top-k: target top_k) or the weight exp((x - M) * inv_t) (MASS,
-    top-p: target top_p times F(LO), taken in the FIRST pass, whose HI is the largest value's
-    key) of the row's values with keys >= t. Block bid(0) sums its chunk at WAYS splits of the
-    interval; the row's last block keeps the sub-interval holding the answer. A converged
-    row (LO == HI) does nothing."""
+    target, F(t) the count (top-k: target TOPK[row]) or the weight exp((x - M) / TEMP[row])
+    (MASS, top-p: target TOPP[row] times F(LO), taken in the FIRST pass, whose HI is the
+    largest value's key for a row that samples with top_p < 1 and LO for the others) of the
+    row's values with keys >= t. Block bid(0) sums its chunk at WAYS splits of the interval;
+    the row's last block keeps the sub-interval holding the answer. A converged row
+    (LO == HI) does nothing."""
     inputs_ready()
     c = ct.bid(0)
     r = ct.bid(1)
     m = ct.load(M, index=(r,), shape=())
     lo = ct.load(LO, index=(r,), shape=())
     hi = ct.load(HI, index=(r,), shape=())
+    top_p = _row(TOPP, r)
+    inv_t = _inv_t(TEMP, r)
     if FIRST:
-        hi = ct.reshape(order_key(ct.reshape(m, (1,))), ())
+        hi = ct.where((top_p < 1.0) & (_row(TEMP, r) > 0), ct.reshape(order_key(ct.reshape(m, (1,))), ()), lo)
     ways = ct.arange(WAYS, dtype=ct.int64)
     span = ct.astype(hi, ct.int64) - ct.astype(lo, ct.int64) + 1
     splits = ct.astype(ct.astype(lo, ct.int64) + span * ways // WAYS, ct.int32)
@@ -160,7 +179,7 @@ def search_kernel(X, M, LO, HI, TARGET, PF, C, top_k: int, top_p: float, inv_t: 
         if last_in_group(C, r, ct.num_blocks(0)):
             f = ct.sum(ct.load(PF, index=(r, 0, 0), shape=(1, CHUNKS, WAYS), padding_mode=ct.PaddingMode.ZERO,
                                allow_tma=False), axis=1)
-            target = ct.full((), 1.0, ct.float32) * top_k
+            target = ct.astype(_row(TOPK, r), ct.float32)
             if MASS:
                 if FIRST:
                     target = top_p * ct.sum(ct.where(ways[None, :] == 0, f, 0.0))
@@ -179,16 +198,17 @@ def search_kernel(X, M, LO, HI, TARGET, PF, C, top_k: int, top_p: float, inv_t: 
 
 @ct.kernel
 def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt,
-                ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, inv_t: float,
-                TILE: ConstInt, CHUNKS: ConstInt, GREEDY: ConstBool, MARK: ConstBool):
+                ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TEMP,
+                TILE: ConstInt, CHUNKS: ConstInt, MARK: ConstBool):
     """Chunk bid(0) of row bid(1): the weight of its values with keys >= LO; the row's last
-    block takes the first index whose running weight exceeds U[r] times the row's (0 when
-    GREEDY: the first largest), marks it in SEEN (MARK) and ends the step (argmax.step_tail)."""
+    block takes the first index whose running weight exceeds U[r] times the row's (0 for a
+    greedy row: the first largest), marks it in SEEN (MARK) and ends the step (argmax.step_tail)."""
     inputs_ready()
     c = ct.bid(0)
     r = ct.bid(1)
     m = ct.load(M, index=(r,), shape=())
     lo = ct.load(LO, index=(r,), shape=())
+    inv_t = _inv_t(TEMP, r)
     x, _ = _chunk(X, r, c, TILE)
     w = ct.where(order_key(x) >= lo, ct.exp((x - m) * inv_t), 0.0)
     ct.store(PS, index=(r, c), tile=ct.sum(w, axis=1, keepdims=True), allow_tma=False)
@@ -197,9 +217,7 @@ def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: Cons
         s = ct.load(PS, index=(r, 0), shape=(1, CHUNKS), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
         s = ct.where(chunks < ct.num_blocks(0), s, 0.0)
         run = ct.cumsum(s, axis=1)
-        target = ct.load(U, index=(r,), shape=()) * ct.max(run)
-        if GREEDY:
-            target = 0.0 * target
+        target = ct.where(_row(TEMP, r) > 0, ct.load(U, index=(r,), shape=()), 0.0) * ct.max(run)
         # the chunk where the running weight first exceeds the target (the last one holding weight if
         # rounding lets the target reach the total), then the index within it
         at = ct.minimum(ct.sum(ct.where(run <= target, 1, 0)), ct.max(ct.where(s > 0, chunks, 0)))
@@ -216,31 +234,54 @@ def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: Cons
 
 
 # ---------------------------------------------------------------------- op
-def sample(x, uniforms=None, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, penalty: float = 1.0,
+def _per_row(name: str, v, rows: int, kind: str, dtype, valid, why: str):
+    """A setting given once or per row: a checked scalar, or a (rows,) array of the backend
+    (values checked on the CPU; on the GPU they stay where they are)."""
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        if not valid(np.asarray(v)).all():
+            raise ValueError(f"{name}: expected {why}, got {v}")
+        return v
+    backend(**{name: v})
+    if (kind == "numpy") != isinstance(v, np.ndarray):
+        raise TypeError(f"{name}: a per-row array must be on the logits' device")
+    check(name, v, shape=(rows,), dtype=dtype)
+    if kind == "numpy" and not valid(v).all():
+        raise ValueError(f"{name}: expected {why} in every row")
+    return v
+
+
+def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0,
            seen=None, out=None, positions=None, counters=None, embed=None):
     """int64 token ids (rows,) drawn from logits x (rows, V) float32.
 
-    The logits of tokens marked in seen (uint8 (rows, V); needed when penalty != 1) get the
+    Each setting is one number for every row or a (rows,) array (float32; top_k int32) on the
+    logits' device, so a batch can mix greedy and sampled rows with filters of their own.
+    The logits of tokens marked in seen (uint8 (rows, V); needed when a penalty != 1) get the
     repetition penalty, and each chosen token is marked there. temperature 0 is greedy (the
-    first largest penalized logit; uniforms unused), else softmax(x / temperature) restricted
-    by top_k (0: off) and top_p (1: off) is sampled with uniforms (float32 (rows,), in [0, 1))
-    by inverse CDF in vocabulary order. out, positions, counters, embed: as argmax's, the rest
-    of a decode step in the same launches.
+    first largest penalized logit; its uniform unused), else softmax(x / temperature)
+    restricted by top_k (0: off) and top_p (1: off) is sampled with uniforms (float32 (rows,),
+    in [0, 1)) by inverse CDF in vocabulary order. A filter given as an array runs its search
+    for every row (a row turns it off with top_k 0 or top_p 1); given as a number, only where
+    it filters. out, positions, counters, embed: as argmax's, the rest of a decode step in the
+    same launches.
     """
     kind = backend(x=x, uniforms=uniforms, seen=seen, **tail_arrays(out, positions, counters, embed))
     check("x", x, ndim=2)
     rows, n = x.shape
     if n == 0:
         raise ValueError(f"x: expected a non-empty last axis, got shape {tuple(x.shape)}")
-    if not temperature >= 0:
-        raise ValueError(f"temperature: expected >= 0, got {temperature}")
-    if top_k < 0 or not 0 < top_p <= 1 or not penalty > 0:
-        raise ValueError(f"expected top_k >= 0, 0 < top_p <= 1, penalty > 0; got {top_k}, {top_p}, {penalty}")
-    if temperature > 0:
+    temperature = _per_row("temperature", temperature, rows, kind, np.float32, lambda t: t >= 0, ">= 0")
+    top_k = _per_row("top_k", top_k, rows, kind, np.int32, lambda k: k >= 0, ">= 0")
+    top_p = _per_row("top_p", top_p, rows, kind, np.float32, lambda p: (p > 0) & (p <= 1), "0 < top_p <= 1")
+    penalty = _per_row("penalty", penalty, rows, kind, np.float32, lambda p: p > 0, "> 0")
+    scalar = {k: np.isscalar(v) for k, v in (("t", temperature), ("k", top_k), ("p", top_p), ("pen", penalty))}
+    draws = not scalar["t"] or temperature > 0
+    if draws:
         if uniforms is None:
             raise ValueError("uniforms: needed when temperature > 0")
         check("uniforms", uniforms, shape=(rows,))
-    if penalty != 1 and seen is None:
+    penalizes = not scalar["pen"] or penalty != 1
+    if penalizes and seen is None:
         raise ValueError("seen: needed when penalty != 1")
     if seen is not None:
         check("seen", seen, shape=(rows, n), dtype=np.uint8)
@@ -248,34 +289,40 @@ def sample(x, uniforms=None, *, temperature: float = 1.0, top_k: int = 0, top_p:
         check("out", out, shape=(rows,), dtype=np.int64)
     check_tail(rows, positions, counters, embed)
     if kind == "numpy":
-        y = sample_reference(x, None if uniforms is None else uniforms.astype(np.float64), temperature, top_k,
-                             top_p, penalty, seen)
+        y = np.empty(rows, np.int64)
+        u = np.zeros(rows) if uniforms is None else uniforms.astype(np.float64)
+        at = lambda v, r: v if np.isscalar(v) else v[r].item()      # noqa: E731
+        for r in range(rows):
+            y[r] = sample_reference(x[r:r + 1], u[r:r + 1], at(temperature, r), at(top_k, r), at(top_p, r),
+                                    at(penalty, r), None if seen is None else seen[r:r + 1])[0]
         return tail_reference(y, out, positions, counters, embed)
-    if temperature == 0 and seen is None:
+    if not draws and not penalizes:
         return argmax(x, out, positions=positions, counters=counters, embed=embed)
     xp = array_module(x)
     y = xp.empty(rows, dtype=np.int64) if out is None else out
     if rows == 0:
         return y
+    settings = [v if not np.isscalar(v) else xp.full(rows, v, dt)
+                for v, dt in ((temperature, np.float32), (top_k, np.int32), (top_p, np.float32), (penalty, np.float32))]
+    temp, k_rows, p_rows, pen = settings
     tile = chunk_tile(n)
     chunks = -(-n // tile)
     grid, span = (chunks, rows, 1), (tile, next_pow2(chunks))
     counts = last_block_counters(rows)
     m, target = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
     lo, hi = xp.empty(rows, np.int32), xp.empty(rows, np.int32)
-    greedy = temperature == 0
     xp_ = x if seen is None else xp.empty_like(x)
     launch(grid, prepare_kernel, (x, x if seen is None else seen, xp_, xp.empty((rows, chunks), np.float32),
-                                  xp.empty((rows, chunks), np.int32), counts, m, lo, hi, float(penalty), *span,
-                                  seen is not None, greedy))
-    inv_t = 1.0 if greedy else 1.0 / temperature
+                                  xp.empty((rows, chunks), np.int32), counts, m, lo, hi, temp, k_rows, pen, *span,
+                                  seen is not None))
     partial = xp.empty((rows, chunks, WAYS), np.float32)
-    searches = [] if greedy else [False] * (0 < top_k < n) + [True] * (top_p < 1)
+    searches = [] if not draws else ([False] * (not scalar["k"] or 0 < top_k < n)
+                                     + [True] * (not scalar["p"] or top_p < 1))
     for mass in searches:
         for i in range(-(-32 // (WAYS.bit_length() - 1))):
-            launch(grid, search_kernel, (xp_, m, lo, hi, target, partial, counts, int(top_k), float(top_p), inv_t,
-                                         *span, WAYS, min(SUB, tile), mass, mass and i == 0))
+            launch(grid, search_kernel, (xp_, m, lo, hi, target, partial, counts, k_rows, p_rows, temp, *span, WAYS,
+                                         min(SUB, tile), mass, mass and i == 0))
     launch(grid, draw_kernel, (xp_, m, lo, xp.zeros(rows, np.float32) if uniforms is None else uniforms,
                                xp.empty((rows, chunks), np.float32), counts, xp_ if seen is None else seen,
-                               *tail_args(y, positions, counters, embed, x), inv_t, *span, greedy, seen is not None))
+                               *tail_args(y, positions, counters, embed, x), temp, *span, seen is not None))
     return y

@@ -18,6 +18,7 @@ from ._arrays import array_module
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 WEIGHT_DTYPES = (np.dtype(np.float32), BF16)
+KV_DTYPES = WEIGHT_DTYPES       # a KV cache holds float32 or bfloat16 keys and values
 
 
 def compact(a: Any) -> Any:
@@ -37,6 +38,19 @@ def widen(a: Any) -> Any:
     return a.astype(np.float32) if a.dtype == BF16 else a
 
 
+def to_bf16(a: Any) -> Any:
+    """A float32 array rounded to bfloat16 (nearest even), as the kernels' narrow stores round."""
+    xp = array_module(a)
+    if a.dtype == BF16:
+        return a
+    if xp is np:
+        return a.astype(BF16)
+    from .activations import NONE, _activation_cupy      # one elementwise kernel storing bfloat16
+
+    out = xp.empty(a.shape, xp.uint16).view(BF16)
+    return _activation_cupy(xp.ascontiguousarray(a, dtype=np.float32), None, NONE, out)
+
+
 def f32(tile):
     """Tile helper: a weight tile in float32 (exact from bfloat16; nothing to do for float32).
     A bfloat16 array reaches a kernel as its uint16 bit patterns (_arrays.launch: the array
@@ -44,3 +58,19 @@ def f32(tile):
     if tile.dtype == ct.uint16:
         tile = ct.bitcast(tile, ct.bfloat16)
     return tile if tile.dtype == ct.float32 else ct.astype(tile, ct.float32)
+
+
+def bf16(tile):
+    """Tile helper: a tile loaded from a bfloat16 array (its uint16 bits) as bfloat16."""
+    return ct.bitcast(tile, ct.bfloat16) if tile.dtype == ct.uint16 else tile
+
+
+def narrow(tile):
+    """Tile helper: a float32 tile as the bit patterns (uint16) of its bfloat16 rounding
+    (nearest even), as a bfloat16 array stores it."""
+    return ct.bitcast(ct.astype(tile, ct.bfloat16), ct.uint16)
+
+
+def like(A, tile):
+    """Tile helper: a float32 tile as array A stores it (narrowed for a bfloat16 array)."""
+    return narrow(tile) if A.dtype == ct.uint16 else tile

@@ -1,0 +1,222 @@
+"""Decode attention: one new query per sequence against its KV cache, at any batch size.
+
+One kernel serves every batch (a decode step's arithmetic is then the same whatever decodes
+beside a sequence, and so are its logits): a block takes one KV head of one sequence, all the
+query heads of that KV head as the rows of one tile (grouped-query attention reads each key
+once for the group, where a block a query head re-read GLM-ASR's cache four times from L2),
+and one chunk of CHUNK_KEYS cached keys, flash style on tensor cores. Only the chunks holding
+the sequence's own keys, kv_start[b] up to the cache length, do anything (the grid covers the
+whole cache, the others exit at once), so a row costs what its keys do wherever it sits in the
+cache. With more than one chunk, each writes its partial softmax state and the last block of
+the head to finish (an atomic count) merges them in chunk order: the result is the same on
+every run.
+
+decode_attention feeds it straight from the new token's fused QKV projection: RoPE on q and
+the new key, the new key and value stored at their slot and folded in from registers, in the
+same launch (a decode step has no split_qkv kernel). Keys and values may be bfloat16.
+"""
+from __future__ import annotations
+
+import math
+
+import cuda.tile as ct
+import numpy as np
+
+from ._arrays import backend, check, inputs_ready, last_block_counters, last_in_group, launch, reset_count
+from .activations import fast_div
+from .precision import mma, mma_mode
+from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
+from .rope import rotate_half
+from .weights import f32, like, narrow
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+LOG2E = 1.0 / math.log(2.0)
+NEG_INF = -float("inf")
+CHUNK_KEYS = 256        # cached keys a block folds in
+
+
+def tile_keys(d: int) -> int:
+    """Keys a tile: 16 KB of keys as the kernel holds them, widened to float32 (D = 128 tiles of 128
+    float32 keys spilled registers, sm_90 SASS; bfloat16 tiles of 64 keys at D = 128, sized by their
+    stored bytes, attended to wrong keys at batch 1, H100, cuda.tile 1.7.0)."""
+    return max(16, 16384 // (d * 4))
+
+
+def group_rows(group: int) -> int:
+    """Rows of the query tile: the group's heads, at least 16 (an mma's width)."""
+    return max(16, 1 << max(0, group - 1).bit_length())
+
+
+@ct.kernel
+def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log2: float, half: int,
+                  tiles_per_chunk: int, D: ConstInt, TILE_G: ConstInt, TILE_N: ConstInt, MMA: ConstInt,
+                  NEW: ConstBool, ROPE: ConstBool, ROWS: ConstBool):
+    """Query heads Q[b, kvh] (B, Hkv, G, D), padded to TILE_G rows, against chunk bid(1) of
+    their KV head's cached keys: slots KS[b] .. KL[0] - 1. NEW: KL[0] is also the new token's
+    slot; KN, VN (B, Hkv, 1, D) are its key and value from the fused projection (as Q is),
+    rotated with q (ROPE: tables COS, SIN (1, P, half) at position KL[0] - KS[b]), folded in
+    by the last chunk, which stores them at slot KL[0] (rounded to bfloat16 first for a
+    bfloat16 cache, and attended to as stored). O (B, Hkv, G, D); partial states PO (B, Hkv,
+    chunks, TILE_G, D), PM, PL (B, Hkv, chunks, TILE_G) in log2 units, merged by the head's
+    last block (counted in C[bid(0)], set back to zero after). ROWS: KL (B,) holds each row's
+    own length (its keys at slots 0 .. KL[b] - 1, the engine's slots; KS unused), so chunks and
+    tiles split a row's keys at the same places wherever and whenever it runs."""
+    bh = ct.bid(0)
+    chunk = ct.bid(1)
+    b = bh // K.shape[1]
+    kvh = bh % K.shape[1]
+    inputs_ready()
+    if ROWS:
+        tk = ct.astype(ct.load(KL, index=(b,), shape=()), ct.int32)
+        kstart = 0
+    else:
+        tk = ct.load(KL, index=(0,), shape=())
+        kstart = ct.load(KS, index=(b,), shape=())
+    span = TILE_N * tiles_per_chunk
+    last_key = tk if NEW else max(tk - 1, 0)
+    last = last_key // span
+    first = min(kstart // span, last)
+    if chunk >= first and chunk <= last:
+        rows = ct.arange(TILE_G, dtype=ct.int32)[:, None]
+        c = ct.arange(D, dtype=ct.int32)[None, :]
+        q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
+                               allow_tma=False), (TILE_G, D))
+        position = max(tk - kstart, 0)
+        if ROPE:        # padding rows gather the group's last head: finite, never stored
+            q = rotate_half(Q, q, b, kvh, ct.minimum(rows, Q.shape[2] - 1), c, COS, SIN, 0, position, half)
+        m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
+        l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
+        acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
+        cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+        keys = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+        for j in range(max(chunk * tiles_per_chunk, kstart // TILE_N), min((chunk + 1) * tiles_per_chunk,
+                                                                          ct.cdiv(tk, TILE_N))):
+            k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                        padding_mode=ct.PaddingMode.ZERO)
+            s = mma(q, f32(ct.reshape(k, (D, TILE_N))), ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32),
+                    MMA) * scale_log2
+            s = ct.where((j * TILE_N + cols < tk) & (j * TILE_N + cols >= kstart), s, NEG_INF)
+            v = f32(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
+                                       padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)))
+            # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
+            v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v, 0.0)
+            m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+            m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
+            p = ct.exp2(s - m_safe)
+            alpha = ct.exp2(m - m_safe)
+            acc = mma(p, v, acc * alpha, MMA)
+            m, l = m_new, l * alpha + ct.sum(p, axis=1, keepdims=True)
+        if NEW:
+            if chunk == last:
+                kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+                vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+                if ROPE:
+                    kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
+                if K.dtype == ct.uint16:        # a bfloat16 cache: attend to the key as it is stored
+                    kn, vn = f32(narrow(kn)), f32(narrow(vn))
+                s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
+                m_new = ct.maximum(m, s)
+                alpha = ct.exp2(m - m_new)
+                p = ct.exp2(s - m_new)
+                m, l, acc = m_new, l * alpha + p, acc * alpha + p * vn
+                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(like(K, kn), (1, 1, 1, D)), allow_tma=False)
+                ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(like(V, vn), (1, 1, 1, D)), allow_tma=False)
+        if first == last:
+            ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, 1, TILE_G, D)),
+                     allow_tma=False)
+        else:
+            ct.store(PO, index=(b, kvh, chunk, 0, 0), tile=ct.reshape(acc, (1, 1, 1, TILE_G, D)), allow_tma=False)
+            ct.store(PM, index=(b, kvh, chunk, 0), tile=ct.reshape(m, (1, 1, 1, TILE_G)), allow_tma=False)
+            ct.store(PL, index=(b, kvh, chunk, 0), tile=ct.reshape(l, (1, 1, 1, TILE_G)), allow_tma=False)
+            if last_in_group(C, bh, last - first + 1):
+                m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
+                l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
+                acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
+                for s_ in range(first, last + 1):       # in chunk order: the same sum on every run
+                    ms = ct.reshape(ct.load(PM, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G), allow_tma=False),
+                                    (TILE_G, 1))
+                    ls = ct.reshape(ct.load(PL, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G), allow_tma=False),
+                                    (TILE_G, 1))
+                    os = ct.reshape(ct.load(PO, index=(b, kvh, s_, 0, 0), shape=(1, 1, 1, TILE_G, D),
+                                            allow_tma=False), (TILE_G, D))
+                    m_new = ct.maximum(m, ms)
+                    a, w = ct.exp2(m - m_new), ct.exp2(ms - m_new)
+                    m, l, acc = m_new, l * a + ls * w, acc * a + os * w
+                ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, 1, TILE_G, D)),
+                         allow_tma=False)
+                reset_count(C, bh)
+
+
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
+    """Decode attention (B, Hq, 1, D) for queries q, a (B, Hkv, G, D) view of the group's
+    heads; k, v the cache (B, Hkv, T_max, D). new: the new token's (k, v), (B, Hkv, 1, D) views,
+    stored at slot kv_len[0] and attended to after the kv_len[0] cached keys (rows: kv_len[b],
+    each row's own length, keys from slot 0). rope (with new): (cos, sin, half), tables
+    (1, P, half) rotating q and the new key."""
+    import cupy
+
+    bsz, hkv, group, d = q.shape
+    t_max = k.shape[2]
+    tile_n = tile_keys(d)
+    per = max(1, CHUNK_KEYS // tile_n)
+    chunks = -(-t_max // (tile_n * per))
+    tile_g = group_rows(group)
+    out = cupy.empty((bsz, hkv, group, d), dtype=cupy.float32)
+    po = cupy.empty((bsz, hkv, chunks, tile_g, d), dtype=cupy.float32)     # partial states (unused at 1 chunk)
+    pm = cupy.empty((bsz, hkv, chunks, tile_g), dtype=cupy.float32)
+    pl = cupy.empty_like(pm)
+    counters = last_block_counters(bsz * hkv)
+    kn, vn = new if new is not None else (q, q)
+    cos, sin, half = rope if rope is not None else (q, q, 0)
+    launch((bsz * hkv, chunks, 1), decode_kernel,
+           (q, k, v, kn, vn, out, po, pm, pl, counters, kv_start, kv_len, cos, sin, scale_log2, half, per, d, tile_g,
+            tile_n, mma_mode(), new is not None, rope is not None, rows))
+    return out.reshape(bsz, hkv * group, 1, d)
+
+
+def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | None = None, kv_start=None,
+                     cos=None, sin=None, rotary_dim: int | None = None, lengths=None):
+    """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused
+    projection qkv (B, 1, (Hq + 2 Hkv) D): what split_qkv then attention compute, in one
+    kernel.
+
+    The token's k, v are stored at slot start[0] of k_cache, v_cache (B, Hkv, T_max, D),
+    float32 or bfloat16 (rotated by RoPE with q, when cos, sin are given) and q attends to
+    slots kv_start[b] .. start[0]. start: int32 (1,), read on the device (a captured graph
+    serves every step). cos, sin: tables (P, rotary_dim/2) by position, e.g.
+    rope_cos_sin(arange(P)); the token of sequence b sits at position start[0] - kv_start[b].
+    lengths (B,) int64 instead: each row's own length, its keys at slots 0 .. lengths[b] - 1 and
+    its token at slot and position lengths[b] (start and kv_start unused): the engine's slots.
+    D must be a power of two up to 256 on the GPU.
+    """
+    from .attention import attention_reference
+
+    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
+    kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
+    bsz, t, _ = qkv.shape
+    _, hkv, t_max, d = k_cache.shape
+    if t != 1:
+        raise ValueError(f"qkv: expected one new token per sequence (B, 1, width), got shape {tuple(qkv.shape)}")
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if lengths is not None:
+        check("lengths", lengths, shape=(bsz,), dtype=np.int64)
+    if kind == "numpy" and lengths is not None:
+        return np.concatenate([decode_attention(qkv[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
+                                                np.array([n], np.int32), heads, scale, None, cos, sin, rotary_dim)
+                               for b, n in enumerate(np.asarray(lengths))])
+    if kind == "numpy":
+        s = int(start[0])
+        if not 0 <= s < t_max:
+            raise ValueError(f"start: slot {s} is outside a cache of {t_max}")
+        q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, 1, kv_start), rotary_dim)
+        return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
+    if d & (d - 1) or d > 256:
+        raise ValueError(f"k_cache: head dim must be a power of two up to 256 on the GPU, got {d}")
+    x = qkv.reshape(bsz, heads + 2 * hkv, d)
+    q = x[:, :heads].reshape(bsz, hkv, heads // hkv, d)
+    new = (x[:, heads:heads + hkv, None], x[:, heads + hkv:, None])
+    rope = (cos[None], sin[None], rotary_dim // 2) if cos is not None else None
+    rows = lengths is not None
+    return decode_cupy(q, k_cache, v_cache, kv_start, lengths if rows else start, float(scale) * LOG2E, new=new,
+                       rope=rope, rows=rows)
