@@ -22,7 +22,7 @@ from .kvcache import KVCache
 from .sampling import GREEDY, Sampler
 
 
-CHAIN = 8       # greedy steps a replay (tools/profile_decode.py: steps_per_graph_us_per_token)
+CHAIN = 8       # greedy steps a replay (decode-profile-gpt2-b1-h100.json at 70d8217: steps_per_graph_us_per_token)
 
 
 def step_input(ids, positions, table, pos_table):
@@ -57,7 +57,7 @@ class DecodeGraph:
     other of two input buffers, so steps chain on the device with no host work between them:
     tokens replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
     tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
-    benchmarks/results/decode-profile-gpt2-b1-h100.json).
+    decode-profile-gpt2-b1-h100.json at 70d8217).
     Create and call it under a non-default cupy stream (graphs cannot capture the legacy
     default stream): see device_stream. Building it runs steps, which mark tokens in the
     sampler's seen mask: start the sampler after.
@@ -71,9 +71,11 @@ class DecodeGraph:
         self.table, self.pos_table = embed
         self.sampler = sampler or Sampler(GREEDY, cupy, b, self.table.shape[0])
         self.x = [cupy.zeros((b, 1, self.table.shape[1]), cupy.float32) for _ in range(2)]
-        self.positions = cupy.zeros(b, cupy.int64)
+        # a cache of the engine's slots reads each row's length from the positions (KVCache.lengths)
+        self.positions = cupy.zeros(b, cupy.int64) if cache.lengths is None else cache.lengths
+        self.at = self.positions.get()          # where building writes keys: each row's next column
         self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
-        self._seed(np.zeros(b, np.int64), np.zeros(b, np.int64))   # compiles the seeding embedding now, not in tokens
+        self._seed(np.zeros(b, np.int64), self.at)   # compiles the seeding embedding now, not in tokens
         # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
         # consecutive replays copy their tokens into different host arrays
         self.single = [self._capture(step, p, 1) for p in (0, 1)]
@@ -91,6 +93,7 @@ class DecodeGraph:
         and advances positions and span, which every call seeds again."""
         import cupy
 
+        self._seed(np.zeros(len(self.at), np.int64), self.at)
         stream = cupy.cuda.get_current_stream()
         self.single[0].graph.launch(stream)
         stream.synchronize()
@@ -117,6 +120,7 @@ class DecodeGraph:
         u = cupy.zeros(tokens.shape, cupy.float32) if draws else [None] * n
         u_host = cupyx.zeros_pinned(tokens.shape, np.float32) if draws else None
         with cupy.cuda.using_allocator(self.pool.malloc):
+            self.positions.set(self.at)
             self.cache.begin(1)
             self._step(step, p, tokens[0], u[0])        # compiles kernels, fills the pool
             self.cache.begin(1)

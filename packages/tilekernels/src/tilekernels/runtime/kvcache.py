@@ -17,6 +17,9 @@ class KVCache:
     every replay. kv_start (B,) is each sequence's first real position (left padding).
     rope: (cos, sin) tables by position (T_max, head_dim/2) for models with RoPE; the kernels
     gather their rows on the device, so no step recomputes them.
+    lengths (B,) int64: set for the engine's slots (slots.py), each row's keys cached at
+    [0, lengths[b]); a decode step stores row b's new key at lengths[b] and the span is unused.
+    last (B,) int: set for a right-padded prompt batch, each row's last real token (final).
     """
     k: object
     v: object
@@ -24,15 +27,27 @@ class KVCache:
     kv_start: object
     rope: tuple | None = None
     length: int = 0          # positions filled so far
+    lengths: object = None
+    last: object = None
 
     @classmethod
     def allocate(cls, xp, layers: int, batch: int, heads: int, length: int, head_dim: int,
-                 kv_start=None, rope_theta: float | None = None) -> "KVCache":
-        """Zeroed keys and values; rope_theta also builds the RoPE tables (full head_dim rotary)."""
+                 kv_start=None, rope_theta: float | None = None, dtype=np.float32) -> "KVCache":
+        """Zeroed keys and values of dtype float32 or bfloat16 (half the bytes every decode step
+        reads; each key and value rounded to nearest as it is stored); rope_theta also builds
+        the RoPE tables (full head_dim rotary)."""
         shape = (layers, batch, heads, length, head_dim)
         start = xp.zeros(batch, np.int32) if kv_start is None else xp.asarray(kv_start, np.int32)
         rope = None if rope_theta is None else tk.rope_cos_sin(xp.arange(length), head_dim, rope_theta)
-        return cls(xp.zeros(shape, np.float32), xp.zeros(shape, np.float32), xp.zeros(2, np.int32), start, rope)
+        bf16 = np.dtype(dtype) == tk.weights.BF16
+
+        def zeros():
+            return xp.zeros(shape, np.uint16).view(tk.weights.BF16) if bf16 else xp.zeros(shape, np.float32)
+        return cls(zeros(), zeros(), xp.zeros(2, np.int32), start, rope)
+
+    def raw(self) -> tuple:
+        """(keys, values) as plain arrays to copy between (bfloat16 ones as their uint16 bits)."""
+        return tuple(a.view(np.uint16) if a.dtype == tk.weights.BF16 else a for a in (self.k, self.v))
 
     def begin(self, new_tokens: int) -> None:
         """Announce the next new_tokens positions (host to device: outside any graph)."""
@@ -48,26 +63,23 @@ class KVCache:
     def attend(self, layer: int, qkv, heads: int, scale: float):
         """Causal attention (B, Hq, T, D) of the new tokens over everything cached so far, from
         their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
-        announced span first (rotated by RoPE when the cache has tables, and q with them)."""
-        b, t = qkv.shape[:2]
-        if t == 1 and b == 1:
-            return self.fused_decode(layer, qkv, heads, scale)
-        return self.split_then_attend(layer, qkv, heads, scale)
-
-    def fused_decode(self, layer: int, qkv, heads: int, scale: float):
-        """attend for one new token per sequence in one kernel (decode_attention; its merge
-        aside): batch-1 decode. Slot and length live on the device (graph replay)."""
-        cos, sin = self.rope or (None, None)
-        return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
-                                   self.kv_start, cos, sin)
-
-    def split_then_attend(self, layer: int, qkv, heads: int, scale: float):
-        """attend in two ops, split_qkv storing k, v then attention: prefill, and batched decode,
-        where split_qkv's own kernel measured faster than the fused one (profile_decode --batch 8)."""
+        announced span first (rotated by RoPE when the cache has tables, and q with them).
+        A decode step (T = 1) is one kernel at any batch (tk.decode_attention: the same
+        arithmetic for a sequence whatever decodes beside it), its slot and length on the device
+        (graph replay); a prompt is split_qkv then flash attention."""
         t = qkv.shape[1]
         cos, sin = self.rope or (None, None)
+        if t == 1:
+            return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
+                                       self.kv_start, cos, sin, lengths=self.lengths)
         q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start)
-        if t == 1:      # decode: the valid length lives on the device (graph replay)
-            return tk.attention(q, self.k[layer], self.v[layer], True, scale, self.kv_start, self.span[1:])
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)
+
+    def final(self, x):
+        """The hidden state (B, C) each row's next token is predicted from, of x (B, T, C): its
+        last column, or column last[b] of a right-padded prompt batch."""
+        xp = tk.array_module(x)
+        if self.last is None:
+            return xp.ascontiguousarray(x[:, -1])
+        return x[xp.arange(x.shape[0]), self.last]

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+
 from .kvcache import KVCache
 
 
@@ -28,8 +30,9 @@ class DecoderModel(Protocol):
     def embed(self, ids, positions):
         """Input embeddings (B, T, C) of token ids (B, T) at positions (B, T)."""
 
-    def new_cache(self, batch: int, length: int) -> KVCache:
-        """An empty KV cache for `batch` sequences of up to `length` positions."""
+    def new_cache(self, batch: int, length: int, dtype=np.float32) -> KVCache:
+        """An empty KV cache for `batch` sequences of up to `length` positions, its keys and
+        values stored as dtype (float32 or bfloat16)."""
 
     def step(self, x, cache: KVCache):
         """Last-position logits (B, V) of the new tokens' embeddings x (B, T, C), over the span

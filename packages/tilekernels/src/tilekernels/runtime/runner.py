@@ -1,97 +1,164 @@
-"""The model runner: a model's prefill and decode steps over one KV cache, yielding tokens.
-
-On the GPU the prefill is replayed from a CUDA graph per prompt shape and the decode steps
-from DecodeGraph's chained graphs; on the CPU every step simply runs (PlainDecoder).
+"""The model runner: the engine's device work. Prefill of newly admitted requests (ragged prompts,
+right padded, so each row's keys sit at its own positions from column 0, in a staging cache whose
+keys are then copied into their slots) and decode steps of the running slots, replayed from CUDA
+graphs captured per batch bucket (the smallest power of two holding every running slot; rows
+beyond the running ones are computed and ignored). On the CPU the same steps simply run
+(PlainDecoder).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from .device import device_stream
-from .graphs import DecodeGraph, graphed, step_input
+from .graphs import DecodeGraph, ShapeGraphs, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
-from .sampling import GREEDY, Sampler, Sampling
+from .sampling import Mode, Sampler
+from .sequence import Request
+from .slots import Slots
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+GRAPHED_PREFILL = 2048      # padded prompt tokens up to which a prefill replays a graph (launch bound below)
 
 
 class PlainDecoder:
     """DecodeGraph's tokens for numpy arrays: each step simply runs (CPU)."""
 
-    def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler | None = None):
-        (self.table, self.pos_table), self.step, self.cache = embed, step, cache
-        self.sampler = sampler or Sampler(GREEDY, np, cache.k.shape[1], self.table.shape[0])
+    def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler):
+        (self.table, self.pos_table), self.step, self.cache, self.sampler = embed, step, cache, sampler
 
     def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         positions = np.asarray(positions).reshape(-1, 1)
         for s in range(steps):
             self.cache.begin(1)
+            self.cache.lengths[...] = positions[:, 0] + s
             logits = self.step(step_input(np.asarray(ids).reshape(-1, 1), positions + s, self.table, self.pos_table))
-            self.cache.length += 1
             ids = self.sampler.pick(logits)
             yield ids
 
 
-def decoder(xp, embed: tuple, step: Callable, cache: KVCache,
-            sampler: Sampler | None = None) -> DecodeGraph | PlainDecoder:
-    """The per-token steps from embeddings (embed: the tables, (table, pos_table or None)),
-    their tokens picked by sampler (greedy by default): replayed CUDA graphs on the GPU,
-    plain calls on the CPU."""
-    return (PlainDecoder if xp is np else DecodeGraph)(embed, step, cache, sampler)
+def bucket(rows: int) -> int:
+    return next(b for b in BUCKETS + (rows,) if b >= rows)
 
 
-@dataclass
-class _Slot:
-    """A cache with what was built on it: kept while requests fit it."""
-    batch: int
-    sampling: Sampling
-    cache: KVCache
-    sampler: Sampler
-    prefill: Callable
-    decode: DecodeGraph | PlainDecoder
+def round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 class ModelRunner:
-    """Runs a model's token steps. The KV cache, its captured prefill and decode graphs and the
-    sampler are kept across calls while the batch size and the sampling settings stay the same
-    and the prompt fits: a decode graph's capture costs as much as hundreds of steps, so
-    GLM-ASR's requests all reuse one."""
+    """Runs a DecoderModel for the engine over `rows` slots of `capacity` positions."""
 
-    def __init__(self, model: DecoderModel):
-        self.model = model
-        self._slot: _Slot | None = None
+    def __init__(self, model: DecoderModel, rows: int, capacity: int, kv_dtype=np.float32):
+        self.model, self.xp, self.kv_dtype = model, model.xp, kv_dtype
+        self.slots = Slots(model.new_cache(rows, capacity, kv_dtype))
+        self.vocab = model.embedding_tables[0].shape[0]
+        self.sampler = Sampler(None, self.xp, rows, self.vocab)
+        self.decoders: dict[tuple[int, Mode], DecodeGraph | PlainDecoder] = {}
+        self.stage: KVCache | None = None
+        self.prefills: dict[int, Callable] = {}
 
-    def _fit(self, batch: int, length: int, sampling: Sampling) -> _Slot:
-        s = self._slot
-        if s is None or s.batch != batch or s.sampling != sampling or s.cache.k.shape[3] < length:
-            self._slot = s = None           # free the old cache and graphs first
-            m = self.model
-            cache = m.new_cache(batch, length)
-            table = m.embedding_tables[0]
-            sampler = Sampler(sampling, m.xp, batch, table.shape[0])
-            step = lambda x: m.step(x, cache)        # noqa: E731
-            s = self._slot = _Slot(batch, sampling, cache, sampler, graphed(m.xp, step),
-                                   decoder(m.xp, m.embedding_tables, step, cache, sampler))
-        s.cache.length = 0
-        return s
+    # ------------------------------------------------------------------ prefill
+    def _staging(self, rows: int, length: int) -> KVCache:
+        """A staging cache of at least rows x length (grown by powers of two: few regrowths, and
+        each drops the prefill graphs captured on the old one)."""
+        s = self.stage
+        if s is None or s.k.shape[1] < rows or s.k.shape[3] < length:
+            self.stage = self.prefills = None
+            have = (0, 0) if s is None else (s.k.shape[1], s.k.shape[3])
+            self.stage = self.model.new_cache(max(rows, have[0]), max(bucket(length), 64, have[1]), self.kv_dtype)
+            self.prefills = {}
+        return self.stage
 
-    def tokens(self, x, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
-               seed: int | None = None) -> Iterator[np.ndarray]:
-        """The token ids (B,) of each of max_new_tokens steps continuing prompts, whose input
-        embeddings x (B, T, C) are left padded (row b starts at T - len(prompts[b])). The prompt
-        pass always starts from an empty cache (its graph is captured per shape)."""
-        xp, (b, t) = self.model.xp, x.shape[:2]
-        lengths = np.array([len(p) for p in prompts], np.int64)
-        with device_stream(xp):
-            s = self._fit(b, t + max_new_tokens, sampling)
-            s.cache.kv_start[...] = xp.asarray(t - lengths, dtype=np.int32)
-            s.sampler.start(prompts, seed)
-            s.cache.begin(t)
-            logits = s.prefill(x)
-            s.cache.length += t
-            tok = s.sampler.pick(logits)
-            tok = tok.get() if hasattr(tok, "get") else tok
-            yield tok
-            yield from s.decode.tokens(tok, lengths, max_new_tokens - 1)
+    def _prefill_fn(self, rows: int) -> Callable:
+        """model.step over the first `rows` staging rows, graphed on the GPU per input shape."""
+        if rows not in self.prefills:
+            s, xp = self.stage, self.xp
+            view = KVCache(s.k[:, :rows], s.v[:, :rows], s.span, s.kv_start[:rows], s.rope,
+                           last=xp.zeros(rows, np.int64))
+            step = lambda x: self.model.step(x, view)      # noqa: E731
+            self.prefills[rows] = (view, step, ShapeGraphs(step) if xp is not np else None)
+        return self.prefills[rows]
+
+    def prefill(self, requests: list[Request]) -> np.ndarray:
+        """Run the prompts of requests just given their slots: their keys into their slots, and
+        the first token of each (host ids, in order)."""
+        xp, slots = self.xp, self.slots
+        lengths = np.array([len(r.prompt) for r in requests])
+        width = round_up(int(lengths.max()), 16)
+        rows = bucket(len(requests)) if width * bucket(len(requests)) <= GRAPHED_PREFILL else len(requests)
+        stage = self._staging(rows, width)
+        ends = np.full(rows, 1)                     # rows past the requests: one token of padding
+        ends[:len(requests)] = lengths
+        x = self._inputs(requests, ends, width, rows)
+        view, step, graph = self._prefill_fn(rows)
+        view.last[...] = xp.asarray(ends - 1)
+        view.length = 0
+        view.begin(width)
+        logits = (graph if graph is not None and rows * width <= GRAPHED_PREFILL else step)(x)
+        for i, r in enumerate(requests):
+            n = len(r.prompt)
+            for src, dst in zip(stage.raw(), slots.cache.raw()):
+                dst[:, r.slot, :, :n] = src[:, i, :, :n]
+            slots.length[r.slot] = n
+        return self._first_tokens(requests, logits[:len(requests)])
+
+    def _inputs(self, requests: list[Request], ends: np.ndarray, width: int, rows: int):
+        """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i])."""
+        xp, m = self.xp, self.model
+        if requests[0].embeds is not None:
+            x = xp.zeros((rows, width, requests[0].embeds.shape[-1]), np.float32)
+            for i, r in enumerate(requests):
+                x[i, :ends[i]] = xp.asarray(r.embeds)
+            return x
+        ids = np.full((rows, width), m.eos_ids[0], np.int64)
+        for i, r in enumerate(requests):
+            ids[i, :ends[i]] = r.prompt
+        positions = np.minimum(np.arange(width)[None, :], ends[:, None] - 1)
+        return m.embed(xp.asarray(ids), xp.asarray(positions))
+
+    def _first_tokens(self, requests: list[Request], logits) -> np.ndarray:
+        """Each request's first token, drawn with its own generator; its row of the sampler
+        (settings, repetition mask, generator) set up for the decode steps."""
+        for r in requests:
+            self.sampler.set_row(r.slot, r.sampling, r.prompt, r.rng)
+        return self.sampler.pick_rows(logits, [r.slot for r in requests])
+
+    def release(self, slot: int) -> None:
+        """A slot left free: its row greedy again (a free row changes no batch's mode)."""
+        self.sampler.clear_row(slot)
+
+    # ------------------------------------------------------------------ decode
+    def _decoder(self, rows: int, mode: Mode):
+        """The decode steps of the first `rows` slots in one sampling mode, built on first use
+        (a capture runs steps: at each row's next column, which the next real step overwrites,
+        and marking the repetition mask, which is restored)."""
+        key = (rows, mode)
+        if key not in self.decoders:
+            m, sampler = self.model, self.sampler.rows(rows, mode)
+            view = self.slots.view(rows)
+            view.lengths[...] = self.xp.asarray(self.slots.length[:rows])   # building writes at the next columns
+            step = lambda x: m.step(x, view)      # noqa: E731
+            seen = None if self.sampler.seen is None else self.sampler.seen.copy()
+            if self.xp is np:
+                self.decoders[key] = PlainDecoder(m.embedding_tables, step, view, sampler)
+            else:
+                self.decoders[key] = DecodeGraph(m.embedding_tables, step, view, sampler)
+            if seen is not None:
+                self.sampler.seen[...] = seen
+        return self.decoders[key]
+
+    def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int) -> np.ndarray:
+        """`steps` tokens (steps, rows) for the running slots from their last tokens (ids by slot);
+        each running slot's length advances by steps."""
+        slots = self.slots
+        rows = min(bucket(max(requests) + 1), slots.rows)
+        dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
+        dec.cache.length = 0
+        first = np.zeros(rows, np.int64)
+        positions = slots.length[:rows].copy()       # free rows: 0 (their columns are overwritten on reuse)
+        for slot, tok in ids.items():
+            first[slot] = tok
+        out = np.array([np.asarray(tok) for tok in dec.tokens(first, positions, steps)]).reshape(steps, rows)
+        slots.length[list(requests)] += steps
+        return out

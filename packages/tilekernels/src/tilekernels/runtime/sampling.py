@@ -1,9 +1,11 @@
 """Choosing the next token from logits, as HF generate does: repetition penalty, then
 temperature, top-k and top-p, then a draw (or the argmax when temperature is 0), with
-tilekernels' sample op on whichever device holds the logits."""
+tilekernels' sample op on whichever device holds the logits. Every row of a batch has settings
+of its own, so greedy and sampled requests decode side by side."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -31,48 +33,149 @@ class Sampling:
 GREEDY = Sampling(temperature=0)
 
 
-class Sampler:
-    """Picks a batch's tokens step by step under one Sampling: tk.sample, or tk.argmax when
-    greedy without a penalty. The uniforms for the draws come from one numpy Generator in
-    step order, so a seed draws the same tokens on the CPU and the GPU. The tokens seen so
-    far (for the repetition penalty) are a (B, V) mask on the logits' device, which the op
-    marks as it chooses."""
+class Mode(NamedTuple):
+    """Which parts of the op a batch's rows need: a draw (some row samples), each filter's
+    search, the penalty. A captured decode graph runs one mode; all False is one argmax."""
+    draws: bool
+    top_k: bool
+    top_p: bool
+    penalty: bool
 
-    def __init__(self, s: Sampling, xp, batch: int, vocab: int, seed: int | None = None):
-        self.s, self.batch, self.xp = s, batch, xp
-        self.rng = np.random.default_rng(seed)
-        self.seen = None if s.repetition_penalty == 1 else xp.zeros((batch, vocab), np.uint8)
+
+_FIELDS = (("temperature", np.float32, 0.0), ("top_k", np.int32, 0), ("top_p", np.float32, 1.0),
+           ("penalty", np.float32, 1.0))
+
+
+class Sampler:
+    """The settings of `batch` rows, row by row (temperature, top_k, top_p, repetition penalty),
+    their random generators and, once a row penalises, the (batch, V) mask of tokens seen so far
+    on the logits' device (the op marks what it chooses). Each row draws its uniforms from a
+    numpy Generator of its own, one a step, so its tokens depend on its seed alone, not on the
+    rows beside it, and a seed draws the same tokens on the CPU and the GPU.
+
+    Sampler(s, xp, batch, vocab, seed) gives every row the settings s, row b drawing from
+    [seed, b]; rows(n) is the first n rows as a sampler of their own, sharing all of it, with
+    the mode those rows need now fixed (what a decode graph captured for them runs)."""
+
+    def __init__(self, s: Sampling | None, xp, batch: int, vocab: int, seed: int | None = None):
+        self.xp, self.batch, self.vocab = xp, batch, vocab
+        self.host = {name: np.full(batch, default, dt) for name, dt, default in _FIELDS}
+        self.dev = {name: xp.asarray(a) for name, a in self.host.items()}
+        self.rngs: list = [None] * batch
+        self.seen = None
+        self.fixed: Mode | None = None
+        self.owner = self
+        if s is not None:
+            for b in range(batch):
+                self.set_row(b, s, (), np.random.default_rng(None if seed is None else [seed, b]))
+
+    # ------------------------------------------------------------ rows
+    def set_row(self, row: int, s: Sampling, prompt: Sequence[int], rng: np.random.Generator | None) -> None:
+        """Row `row` now continues `prompt` under s, drawing from rng (None: it draws nothing)."""
+        o = self.owner
+        for (name, dt, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty)):
+            o.host[name][row] = v
+            o.dev[name][row] = dt(v)
+        o.rngs[row] = rng
+        if s.repetition_penalty != 1 and o.seen is None:
+            o.seen = o.xp.zeros((o.batch, o.vocab), np.uint8)
+        if o.seen is not None:
+            mask = np.zeros(o.vocab, np.uint8)
+            mask[np.asarray(prompt, np.int64)] = 1
+            o.seen[row] = o.xp.asarray(mask)
+
+    def clear_row(self, row: int) -> None:
+        """A free row: greedy, drawing nothing."""
+        self.set_row(row, GREEDY, (), None)
 
     def start(self, prompts: list[list[int]], seed: int | None = None) -> None:
-        """Begin a run: the draws start again from seed, and only the prompts' tokens are marked
-        as seen (again: a decode graph's capture runs steps)."""
-        self.rng = np.random.default_rng(seed)
-        if self.seen is not None:
-            mask = np.zeros(self.seen.shape, np.uint8)
-            for row, ids in zip(mask, prompts):
-                row[ids] = 1
-            self.seen[...] = self.xp.asarray(mask)
+        """Begin a run on every row, settings kept: row b draws from [seed, b] again and only its
+        prompt's tokens are marked as seen (again: a decode graph's capture runs steps)."""
+        for b, ids in enumerate(prompts):
+            self.set_row(b, self.settings(b), ids, np.random.default_rng(None if seed is None else [seed, b]))
+
+    def settings(self, row: int) -> Sampling:
+        h = self.owner.host
+        return Sampling(float(h["temperature"][row]), int(h["top_k"][row]), float(h["top_p"][row]),
+                        float(h["penalty"][row]))
+
+    def mode_of(self, rows: Sequence[int]) -> Mode:
+        """The mode the given rows need."""
+        h, rows = self.owner.host, np.asarray(rows, np.int64)
+        t, k, p, pen = (h[name][rows] for name, _, _ in _FIELDS)
+        draws = t > 0
+        return Mode(bool(draws.any()), bool((draws & (k > 0) & (k < self.vocab)).any()),
+                    bool((draws & (p < 1)).any()), bool((pen != 1).any()))
 
     @property
+    def mode(self) -> Mode:
+        return self.fixed or self.mode_of(range(self.batch))
+
+    def rows(self, n: int, mode: Mode | None = None) -> "Sampler":
+        """The first n rows as a sampler of their own (sharing settings, generators and mask),
+        running `mode` (by default what they need now)."""
+        view = Sampler.__new__(Sampler)
+        view.__dict__.update(self.__dict__)
+        view.batch, view.owner = n, self.owner
+        view.fixed = mode or self.mode_of(range(n))
+        return view
+
+    # ------------------------------------------------------------ choosing
+    @property
     def draws(self) -> bool:
-        """Whether tokens are drawn (temperature > 0), each step taking B uniforms."""
-        return self.s.temperature > 0
+        """Whether a step takes uniforms (some row samples)."""
+        return self.mode.draws
 
     def uniforms(self, steps: int) -> np.ndarray | None:
-        """The next `steps` steps' uniforms, (steps, B) float32 in [0, 1); None when greedy."""
-        return self.rng.random((steps, self.batch), dtype=np.float32) if self.draws else None
+        """The next `steps` steps' uniforms, (steps, B) float32 in [0, 1), each sampling row's
+        from its own generator (zeros for the others); None when no row draws."""
+        if not self.draws:
+            return None
+        o, u = self.owner, np.zeros((steps, self.batch), np.float32)
+        for b in range(self.batch):
+            if o.rngs[b] is not None and o.host["temperature"][b] > 0:
+                u[:, b] = o.rngs[b].random(steps, dtype=np.float32)
+        return u
 
     def pick(self, logits):
         """The next step's token ids (B,) from logits (B, V) on their device, drawing that
-        step's uniforms (a step outside a decode graph: the prompt's first token, CPU steps)."""
+        step's uniforms (a step outside a decode graph: the CPU's steps)."""
         u = self.uniforms(1)
         return self(logits, None if u is None else self.xp.asarray(u[0]))
 
     def __call__(self, logits, uniforms=None, **tail):
-        """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when
-        greedy); tail: the op's out, positions, counters and embed."""
-        s = self.s
-        if s.temperature == 0 and s.repetition_penalty == 1:
+        """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when no
+        row draws); tail: the op's out, positions, counters and embed."""
+        m, o, n = self.mode, self.owner, self.batch
+        if not m.draws and not m.penalty:
             return tk.argmax(logits, **tail)
-        return tk.sample(logits, uniforms, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                         penalty=s.repetition_penalty, seen=self.seen, **tail)
+        d = o.dev
+        return tk.sample(logits, uniforms, temperature=d["temperature"][:n] if m.draws else 0,
+                         top_k=d["top_k"][:n] if m.top_k else 0, top_p=d["top_p"][:n] if m.top_p else 1.0,
+                         penalty=d["penalty"][:n] if m.penalty else 1.0,
+                         seen=o.seen[:n] if m.penalty else None, **tail)
+
+    def pick_rows(self, logits, rows: Sequence[int]) -> np.ndarray:
+        """Host token ids for logits (len(rows), V) whose row i belongs to row rows[i] (a
+        prefill's first tokens), each drawing one uniform from its row's generator."""
+        o, xp = self.owner, self.xp
+        idx = np.asarray(rows, np.int64)
+        m = self.mode_of(idx)
+        h = {name: o.host[name][idx] for name, _, _ in _FIELDS}
+        u = None
+        if m.draws:
+            u = np.array([o.rngs[r].random(dtype=np.float32) if o.rngs[r] is not None and t > 0 else 0.0
+                          for r, t in zip(idx, h["temperature"])], np.float32)
+            u = xp.asarray(u)
+        seen = o.seen[idx] if m.penalty else None
+        if not m.draws and not m.penalty:
+            tok = tk.argmax(logits)
+        else:
+            arr = {k: xp.asarray(v) for k, v in h.items()}
+            tok = tk.sample(logits, u, temperature=arr["temperature"] if m.draws else 0,
+                            top_k=arr["top_k"] if m.top_k else 0, top_p=arr["top_p"] if m.top_p else 1.0,
+                            penalty=arr["penalty"] if m.penalty else 1.0, seen=seen)
+        tok = tok.get() if hasattr(tok, "get") else np.asarray(tok)
+        if o.seen is not None:
+            o.seen[xp.asarray(idx), xp.asarray(tok)] = 1
+        return tok

@@ -1,0 +1,83 @@
+"""One request's life in the engine: what was asked, and what has come of it so far."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .sampling import GREEDY, Sampling
+from .tokenizer import TextStream
+
+
+@dataclass
+class Completion:
+    """One continuation: its token ids and text (the prompt excluded) and why it ended:
+    'stop' (an eos id or a stop string) or 'length' (max_new_tokens)."""
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"
+    emitted: int = 0           # characters of text already handed out
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason == "stop"
+
+
+def held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of text could still begin a stop string."""
+    for n in range(min(len(text), max((len(s) for s in stops), default=0)), 0, -1):
+        if any(s.startswith(text[-n:]) for s in stops):
+            return n
+    return 0
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt to continue (token ids; embeds: its input embeddings (T, C) when the model builds
+    them itself, GLM-ASR's audio prompts) for up to max_new_tokens, ended early by an eos id or a
+    stop string. seed: its own draws (a row's tokens never depend on the other rows'). tag: the
+    caller's, handed back with the results."""
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: Sampling = GREEDY
+    seed: int | Sequence[int] | None = None
+    stop: Sequence[str] = ()
+    eos: frozenset = frozenset()
+    embeds: object = None
+    tokenizer: object = None
+    tag: object = None
+    out: Completion = field(default_factory=Completion)
+    slot: int = -1
+
+    def __post_init__(self):
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        self.rng = np.random.default_rng(self.seed)
+        self.stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
+
+    @property
+    def finished(self) -> bool:
+        return self.out.done or len(self.out.tokens) >= self.max_new_tokens
+
+    @property
+    def remaining(self) -> int:
+        """Decode steps it may still take."""
+        return 0 if self.finished else self.max_new_tokens - len(self.out.tokens)
+
+    def push(self, token: int) -> str:
+        """Fold in the next generated token; the text that can no longer turn out to be part of
+        a stop string (all of it once the request has finished)."""
+        o = self.out
+        if token in self.eos:
+            o.finish_reason = "stop"
+        else:
+            o.tokens.append(int(token))
+            if self.stream is not None:
+                o.text += self.stream.push(token)
+                hit = [o.text.index(s) for s in self.stop if s in o.text]
+                if hit:
+                    o.text, o.finish_reason = o.text[:min(hit)], "stop"
+        upto = len(o.text) if self.finished else len(o.text) - held_back(o.text, self.stop)
+        piece = o.text[o.emitted:upto] if upto > o.emitted else ""
+        o.emitted = max(o.emitted, upto)
+        return piece

@@ -1,0 +1,167 @@
+"""The continuous-batching engine: a request's tokens do not depend on what runs beside it (alone,
+in batches of 8 and 64, with mixed lengths, arrivals mid-run and slots reused), finished rows
+leave and waiting ones take their slots, a request that cannot fit fails alone."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tilekernels.runtime import Engine, Request, Sampling, generate, load_tokenizer, text_pieces
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))
+from checkpoints import make_gpt2  # noqa: E402
+
+from gpt.model import GPT  # noqa: E402
+
+GREEDY = Sampling(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_gpt2(tmp_path_factory.mktemp("engine"), n_positions=128)
+
+
+def workload(rng, n: int, vocab: int, longest: int = 40, most_new: int = 30):
+    """n requests of ragged prompts (1..longest tokens) and lengths (1..most_new new tokens)."""
+    return [(rng.integers(0, vocab, rng.integers(1, longest + 1)).tolist(), int(rng.integers(1, most_new + 1)))
+            for _ in range(n)]
+
+
+def run(engine: Engine, work, sampling=GREEDY, seeds=None, arrive_every: int = 0) -> list[list[int]]:
+    """Every request's tokens (eos ignored); sampling: one Sampling for all, or one a request.
+    With arrive_every, a request joins every that many steps while the others run, instead of
+    all at the start."""
+    settings = sampling if isinstance(sampling, list) else [sampling] * len(work)
+    reqs = [Request(p, n, settings[i], None if seeds is None else seeds[i], tag=i) for i, (p, n) in enumerate(work)]
+    pending = list(reqs)
+    while pending or engine.busy:
+        for _ in range(len(pending) if not arrive_every else 1):
+            if pending:
+                engine.add(pending.pop(0))
+        for _ in range(max(arrive_every, 1)):
+            engine.step()
+    assert all(r.finished for r in reqs)
+    return [r.out.tokens for r in reqs]
+
+
+def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):
+    rng = np.random.default_rng(0)
+    model = GPT.load(ckpt)
+    work = workload(rng, 70, model.config.vocab_size)
+    alone = [run(Engine(model, 1), [w])[0] for w in work]
+    assert [len(t) for t in alone] == [n for _, n in work]
+    eight = Engine(model, 8)
+    assert run(eight, work) == alone
+    wide = Engine(model, 64, capacity=70)       # rows reach the end of their slots
+    assert run(wide, work, arrive_every=2) == alone
+    assert not wide.busy and sorted(wide.runner.slots.free) == list(range(64))
+
+
+def test_sampled_rows_draw_from_their_own_seeds(ckpt):
+    rng = np.random.default_rng(1)
+    model = GPT.load(ckpt)
+    work = workload(rng, 20, model.config.vocab_size)
+    for s in (Sampling(temperature=0.9, top_k=20), Sampling(temperature=0, repetition_penalty=1.5),
+              Sampling(temperature=1.2, top_p=0.8, repetition_penalty=1.3)):
+        seeds = list(range(100, 120))
+        alone = [run(Engine(model, 1), [w], s, [seed])[0] for w, seed in zip(work, seeds)]
+        assert run(Engine(model, 8), work, s, seeds, arrive_every=1) == alone
+        assert run(Engine(model, 64), work, s, seeds) == alone
+    assert len({tuple(t) for t in alone}) > 10
+
+
+def test_greedy_and_sampled_rows_share_a_batch(ckpt):
+    """Requests with settings of their own (greedy, penalised, top-k, top-p) decode in one batch,
+    each drawing what it draws alone."""
+    rng = np.random.default_rng(2)
+    model = GPT.load(ckpt)
+    work = workload(rng, 24, model.config.vocab_size)
+    kinds = [GREEDY, Sampling(temperature=0.9, top_k=20), Sampling(temperature=0, repetition_penalty=1.5),
+             Sampling(temperature=1.2, top_p=0.8, repetition_penalty=1.3), Sampling(temperature=0.7)]
+    settings = [kinds[i % len(kinds)] for i in range(len(work))]
+    seeds = list(range(200, 224))
+    alone = [run(Engine(model, 1), [w], [s], [seed])[0] for w, s, seed in zip(work, settings, seeds)]
+    assert run(Engine(model, 8), work, settings, seeds, arrive_every=1) == alone
+    assert run(Engine(model, 64), work, settings, seeds) == alone
+
+
+def test_text_stop_strings_and_eos_per_request(ckpt):
+    model, tok = GPT.load(ckpt), load_tokenizer(ckpt)
+    prompts = [tok.encode(p).ids for p in ("To be", "the slings and arrows of", "Café", "whether 'tis")]
+    kw = dict(sampling=Sampling(temperature=1.0, top_k=40), seed=5, stop=["e", "ou"], tokenizer=tok)
+    alone = [generate(Engine(model, 1), [p], 20, **kw)[0] for p in prompts]
+    together = generate(Engine(model, 3), prompts, 20, **kw)
+    # prompt i draws from [seed, i]: alone each is prompt 0, so compare with seeds lined up
+    lined = [generate(Engine(model, 1), prompts, 20, **kw)[i] for i in range(len(prompts))]
+    assert [c.text for c in together] == [c.text for c in lined]
+    assert [c.finish_reason for c in together] == [c.finish_reason for c in lined]
+    assert any(c.finish_reason == "stop" for c in together) and alone[0].text == together[0].text
+    for c in together:
+        assert not any(s in c.text for s in ("e", "ou"))
+
+
+def test_a_request_that_cannot_fit_fails_alone(ckpt):
+    model = GPT.load(ckpt)
+    engine = Engine(model, 4, capacity=50)
+    ok = Request([1, 2, 3], 10)
+    engine.add(ok)
+    with pytest.raises(ValueError, match="engine's 50 positions"):
+        engine.add(Request(list(range(30)), 30))
+    with pytest.raises(ValueError, match="128 positions"):
+        engine.add(Request(list(range(100)), 40))
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add(Request([], 4))
+    while engine.busy:
+        engine.step()
+    assert ok.finished and len(ok.out.tokens) >= 1
+
+
+def test_stopping_early_cancels_and_frees_the_slots(ckpt):
+    model = GPT.load(ckpt)
+    engine = Engine(model, 2)
+    pieces = text_pieces(engine, [[1, 2], [3], [4, 5, 6]], 30, GREEDY, tokenizer=load_tokenizer(ckpt))
+    next(pieces)
+    pieces.close()
+    assert not engine.busy and sorted(engine.runner.slots.free) == [0, 1]
+    assert len(generate(engine, [[7, 8]], 5, ignore_eos=True)[0].tokens) == 5
+
+
+def test_each_slot_holds_its_rows_keys_from_column_zero(ckpt):
+    """A row's keys sit at its own positions in its slot (whenever it joined, whatever ran there
+    before), and its length counts them."""
+    model = GPT.load(ckpt)
+    engine = Engine(model, 3, capacity=60)
+    first = Request([5] * 30, 4)
+    engine.add(first)
+    engine.step()
+    later = [Request([7, 8, 9], 20), Request([1] * 12, 20)]
+    for r in later:
+        engine.add(r)
+    engine.step()
+    slots = engine.runner.slots
+    for r in later:
+        assert slots.length[r.slot] == len(r.prompt) + len(r.out.tokens) - 1
+    alone = Engine(model, 1, capacity=60)
+    alone.add(Request([7, 8, 9], 20))
+    alone.step()
+    n = min(int(alone.runner.slots.length[0]), int(slots.length[later[0].slot]))
+    assert n > 3
+    np.testing.assert_allclose(alone.runner.slots.cache.k[:, 0, :, :n], slots.cache.k[:, later[0].slot, :, :n],
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_a_bfloat16_cache_keeps_rows_independent(ckpt):
+    """Keys and values cached in bfloat16 (precision bf16): still every row's tokens alone equal
+    its tokens in a batch, and the cache holds bfloat16."""
+    import tilekernels as tk
+
+    rng = np.random.default_rng(4)
+    model = GPT.load(ckpt)
+    work = workload(rng, 12, model.config.vocab_size)
+    alone = [run(Engine(model, 1, kv_dtype=tk.weights.BF16), [w])[0] for w in work]
+    engine = Engine(model, 8, capacity=80, kv_dtype=tk.weights.BF16)
+    assert engine.runner.slots.cache.k.dtype == tk.weights.BF16
+    assert run(engine, work, arrive_every=1) == alone
