@@ -7,7 +7,7 @@ import tilekernels as tk
 from glm_asr.features import windows
 from glm_asr.model import GlmAsr
 from glm_asr.pipeline import decode
-from tilekernels.runtime import ModelRunner, device_stream, graphed
+from tilekernels.runtime import Engine, device_stream, graphed
 
 pytestmark = pytest.mark.gpu
 
@@ -23,8 +23,8 @@ def test_gpu_matches_cpu(tiny, poisoned, rng):
     b = gpu.encode(cupy.asarray(w.features[None]))
     assert np.linalg.norm(b.get() - a) / np.linalg.norm(a) < 5e-3
     ids = [100, 101] + [cpu.config.audio_token_id] * w.tokens + [102, 103]
-    ours = decode(ModelRunner(gpu), ids, b[0, : w.tokens], 12, ignore_eos=True)
-    assert decode(ModelRunner(cpu), ids, a[0, : w.tokens], 12, ignore_eos=True) == ours and len(ours) == 12
+    ours = decode(Engine(gpu, 1), ids, b[0, : w.tokens], 12, ignore_eos=True)
+    assert decode(Engine(cpu, 1), ids, a[0, : w.tokens], 12, ignore_eos=True) == ours and len(ours) == 12
 
 
 def test_features_on_the_gpu_match_the_cpu(rng):

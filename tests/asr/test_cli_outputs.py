@@ -109,7 +109,8 @@ def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir
             "device=cpu", f"output_dir={out}")
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stdout == ""
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and str(out / "speech16k.txt") in lines[0], r.stderr
+    assert len(lines) == 2 and lines[0].startswith("error:") and str(out / "speech16k.txt") in lines[0], r.stderr
+    assert lines[1].startswith("1 file transcribed, ") and lines[1].endswith("; 1 failed"), r.stderr
     assert ".speech16k.txt." not in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["low8k.txt", "speech16k.txt"]
     assert (out / "low8k.txt").read_text().endswith("\n")

@@ -11,7 +11,7 @@ from tilekernels.runtime import CheckpointError, load_tensors
 
 
 def test_prompt_construction(tiny):
-    asr = Transcriber(tiny, "cpu")
+    asr = Transcriber.load(tiny, "cpu")
     ids = asr.prompt_ids(5, "Please transcribe this audio into text")
     assert ids.count(asr.model.config.audio_token_id) == 5
     assert asr.tok.decode(ids, skip_special_tokens=False) == (
@@ -101,3 +101,20 @@ def test_model_errors_one_line(tiny, audio_dir, tmp_path):
     (bad / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(CheckpointError, match="is not GLM-ASR"):
         GlmAsr.load(bad)
+
+
+def test_transcripts_do_not_depend_on_the_batch(tiny, audio_dir, tmp_path):
+    """Windows of several files decode together (continuous batching): max_batch=1 and max_batch=8
+    (with encoder groups that split files) write the same transcripts, and a closing line counts
+    the files and the audio."""
+    files = [audio_dir / n for n in ("long.flac", "speech16k.wav", "low8k.wav", "six48k.wav")]
+    out = {}
+    for batch, enc in ((1, 8), (8, 3)):
+        d = tmp_path / f"b{batch}"
+        r = cli(*files, f"model.path={tiny}", "vad=none", "max_new_tokens=12", "device=cpu", "output_format=json",
+                f"output_dir={d}", f"max_batch={batch}", f"encoder_batch={enc}")
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.strip().startswith("4 files transcribed, 70.0 s of audio in "), r.stderr
+        out[batch] = {p.name: json.loads(p.read_text()) for p in d.iterdir()}
+    assert out[1] == out[8] and len(out[1]) == 4
+    assert sum(len(s["text"]) for doc in out[1].values() for s in doc["segments"]) > 0

@@ -44,11 +44,12 @@ def gpt2_tensors(vocab: int, n_embd=32, n_layer=2, n_positions=64, inner=None, s
 
 def make_gpt2(directory: Path, *, prefix: str = "", dtype: str = "float32", shards: int = 1,
               lm_head: bool = False, n_layer: int = 2, n_head: int = 2, n_embd: int = 32, n_positions: int = 64,
-              config_extra: dict | None = None, tokenizer: Tokenizer | None = None) -> Path:
-    """Write config.json, tokenizer.json and model.safetensors (or shards + index)."""
+              config_extra: dict | None = None, tokenizer: Tokenizer | None = None, vocab: int | None = None) -> Path:
+    """Write config.json, tokenizer.json and model.safetensors (or shards + index); vocab: rows of
+    the embedding (default: the tokenizer's)."""
     directory.mkdir(parents=True, exist_ok=True)
     tok = tokenizer or make_tokenizer()
-    vocab = tok.get_vocab_size()
+    vocab = vocab or tok.get_vocab_size()
     tok.save(str(directory / "tokenizer.json"))
     config = {"model_type": "gpt2", "vocab_size": vocab, "n_positions": n_positions, "n_embd": n_embd,
               "n_layer": n_layer, "n_head": n_head, "n_inner": None, "layer_norm_epsilon": 1e-5,

@@ -16,10 +16,11 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, pick_device, resolve
+from tilekernels.runtime import CheckpointError, pick_device, resolve, set_precision
+from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
-from .pipeline import Transcriber
+from .pipeline import ENCODER_BATCH, MAX_BATCH, Transcriber
 from .subtitles import join_text
 from .vad import VadOptions
 
@@ -46,6 +47,7 @@ class Transcript:
     source: str
     segments: list[Segment] = field(default_factory=list)
     error: str | None = None
+    seconds: float = 0.0            # the input's duration
 
     @property
     def text(self) -> str:
@@ -65,11 +67,16 @@ def _one_line():
         raise ASRError(str(e)) from None
 
 
-def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None) -> "SpeechRecognizer":
+def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None, max_batch: int = MAX_BATCH,
+         encoder_batch: int = ENCODER_BATCH, precision: str = DEFAULT_PRECISION) -> "SpeechRecognizer":
     """GLM-ASR from a hub id (through the HF cache) or a local checkpoint directory, on device
-    'auto' (the GPU when one works), 'gpu' or 'cpu'."""
+    'auto' (the GPU when one works), 'gpu' or 'cpu'. max_batch: the most windows decoding at
+    once; encoder_batch: windows encoded together; precision (GPU): 'bf16', 'tf32' or 'fp32'
+    (tilekernels.runtime.precision; the process's setting, as torch's)."""
     with _one_line():
-        return SpeechRecognizer(Transcriber(resolve(str(model), revision), pick_device(device)))
+        set_precision(precision)
+        return SpeechRecognizer(Transcriber.load(resolve(str(model), revision), pick_device(device), max_batch,
+                                            encoder_batch))
 
 
 class SpeechRecognizer:
@@ -92,28 +99,47 @@ class SpeechRecognizer:
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
             if isinstance(audio, np.ndarray):
-                return Transcript("<samples>", self._segments(_samples(audio, sample_rate), prompt, max_new_tokens,
-                                                              progress, options))
+                return self._one("<samples>", lambda: _samples(audio, sample_rate), prompt, max_new_tokens, progress,
+                                 options)
             if sample_rate is not None:
                 raise ValueError("sample_rate is for samples; a file carries its own")
             name = str(audio)
             with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
                 path = stdin_to_file(scratch) if name == "-" else name
                 opened = Audio(path, audio_stream, name=name)
-                return Transcript(name, self._segments(opened, prompt, max_new_tokens, progress, options))
+                return self._one(name, lambda: opened, prompt, max_new_tokens, progress, options)
 
-    def transcribe_many(self, inputs: Iterable[str | Path], **options) -> Iterator[Transcript]:
-        """transcribe of each input in order, yielded as each completes; an input that cannot be
-        transcribed yields a Transcript with .error set, and the others go on."""
-        for source in inputs:
-            try:
-                yield self.transcribe(source, **options)
-            except ASRError as e:
-                msg = str(e)
-                yield Transcript(str(source), error=msg if msg.startswith(str(source)) else f"{source}: {msg}")
+    def _one(self, name: str, opener, prompt: str, max_new_tokens: int, progress, vad) -> Transcript:
+        [(_, result, seconds)] = self.transcriber.transcribe_many([(name, opener)], prompt, max_new_tokens, progress, vad)
+        if isinstance(result, BaseException):
+            raise result
+        return Transcript(name, [Segment(**s) for s in result], seconds=seconds)
 
-    def _segments(self, audio, prompt: str, max_new_tokens: int, progress, vad: VadOptions | None) -> list[Segment]:
-        return [Segment(**s) for s in self.transcriber.transcribe(audio, prompt, max_new_tokens, progress, vad)]
+    def transcribe_many(self, inputs: Iterable[str | Path], *, prompt: str = PROMPT, max_new_tokens: int = 500,
+                        audio_stream: int | None = None, vad: str = "silero",
+                        vad_options: dict | VadOptions | None = None, progress=None,
+                        ignore_eos: bool = False) -> Iterator[Transcript]:
+        """transcribe of each input, all through one pipeline (windows of different files decode
+        together), yielded in order as each completes; an input that cannot be transcribed
+        yields a Transcript with .error set, and the others go on. ignore_eos: decode
+        max_new_tokens a window whatever comes (benchmarks: the same work every run)."""
+        with _one_line():
+            self.transcriber.check(prompt, max_new_tokens)
+            options = vad_settings(vad, vad_options)
+        with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
+            def opener(name: str):
+                return lambda: Audio(stdin_to_file(scratch) if name == "-" else name, audio_stream, name=name)
+
+            sources = ((str(s), opener(str(s))) for s in inputs)
+            for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
+                                                                          options, ignore_eos):
+                if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)):
+                    msg = str(result)
+                    yield Transcript(name, error=msg if msg.startswith(name) else f"{name}: {msg}")
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    yield Transcript(name, [Segment(**s) for s in result], seconds=seconds)
 
 
 def vad_settings(vad: str, options) -> VadOptions | None:

@@ -120,14 +120,14 @@ _CACHE: dict = {}                   # (model, device) -> (Transcriber, device us
 
 
 def _model_key(job: dict) -> tuple:
-    return tuple(sorted(job["model"].items())), job["device"]
+    return tuple(sorted(job["model"].items())), job["device"], job["precision"]
 
 
 def worker_transcriber(job: dict):
     """This worker process's model for job's model and device, loaded on first use as the command
     line loads it (a different model replaces it), with job's options checked against it. Returns
     (glm_asr.SpeechRecognizer, 'cpu' | 'gpu'). Call with _MODEL_LOCK held."""
-    from tilekernels.runtime import from_model_config, pick_device
+    from tilekernels.runtime import from_model_config, pick_device, set_precision
 
     from .api import SpeechRecognizer
     from .pipeline import Transcriber
@@ -137,7 +137,9 @@ def worker_transcriber(job: dict):
         if _CACHE:
             _CACHE.clear()
             _free_gpu_memory()
-        asr = SpeechRecognizer(Transcriber(from_model_config(job["model"]), pick_device(job["device"])))
+        set_precision(job["precision"])
+        asr = SpeechRecognizer(Transcriber.load(from_model_config(job["model"]), pick_device(job["device"]),
+                                                job["max_batch"], job["encoder_batch"]))
         _CACHE[key] = (asr, asr.device)
     asr, device = _CACHE[key]
     asr.transcriber.check(job["prompt"], job["max_new_tokens"])
@@ -442,7 +444,8 @@ class Progress:
 
 _KINDS = {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str, "device": Str,
           "manifest": OptStr, "glob": Str, "gpus": OptInt, "workers": OptInt, "audio_stream": OptInt, "vad": Str,
-          "scheduler": OptStr, "task_seconds": Float, "dashboard": OptStr}
+          "scheduler": OptStr, "task_seconds": Float, "dashboard": OptStr, "max_batch": Int, "encoder_batch": Int,
+          "precision": Str}
 
 
 def check_options(cfg, inputs: list[str]) -> dict:
@@ -458,8 +461,9 @@ def check_options(cfg, inputs: list[str]) -> dict:
         raise ValueError("no output_dir given: bulk writes one transcript per file there (output_dir=DIR)")
     if o["output_format"] not in FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {o['output_format']!r}")
-    if o["max_new_tokens"] < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {o['max_new_tokens']}")
+    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
+        if o[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {o[name]}")
     if o["audio_stream"] is not None and o["audio_stream"] < 0:
         raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
     if o["task_seconds"] < 0 or not math.isfinite(o["task_seconds"]):
@@ -524,7 +528,8 @@ def run(cfg, inputs: list[str] = ()) -> int:
         return 0
     job = {"model": o["model"], "output_dir": str(out_dir), "output_format": fmt, "prompt": o["prompt"],
            "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"], "device": o["device"],
-           "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options"))}
+           "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")), "max_batch": o["max_batch"],
+           "encoder_batch": o["encoder_batch"], "precision": o["precision"]}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 

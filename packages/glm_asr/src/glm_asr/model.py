@@ -99,11 +99,13 @@ class GlmAsr:
     def to(self, device: str) -> "GlmAsr":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). On the GPU the text decoder's
         matrices, which every decode step streams, stay bfloat16 when the checkpoint's are (exact,
-        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's stay
-        float32, whose tensor-core GEMMs ran slower on bfloat16 tiles (12.4 -> 13.8 ms,
-        prefill-profile-glm-asr-w1-h100-bf16-encoder.json at 4f7986f)."""
+        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's too at
+        precision bf16 (tk matmul precision 'medium'), whose products then take bfloat16 inputs,
+        and float32 otherwise, whose TF32 products ran slower widening bfloat16 tiles (286 vs 233
+        TFLOP/s at the encoder's shapes on an H100, docs/performance.md)."""
         text = ("decoder", "embed", "lm_head", "norm")
-        moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device)
+        whole = tk.get_matmul_precision() == "medium"
+        moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device, compact=whole)
         moved.update(move_weights({k: self.w[k] for k in text}, device, compact=True))
         return GlmAsr(self.config, moved)
 
@@ -148,10 +150,10 @@ class GlmAsr:
     def embedding_tables(self) -> tuple:
         return self.w["embed"], None
 
-    def new_cache(self, batch: int, length: int) -> KVCache:
+    def new_cache(self, batch: int, length: int, dtype=np.float32) -> KVCache:
         d = self.config.decoder
         return KVCache.allocate(self.xp, d.num_layers, batch, d.num_kv_heads, length, d.head_dim,
-                                rope_theta=d.rope_theta)
+                                rope_theta=d.rope_theta, dtype=dtype)
 
     def embed(self, ids, positions=None):
         """Token embeddings (B, T, C) of ids (B, T); positions come from the cache (RoPE)."""
@@ -174,7 +176,7 @@ class GlmAsr:
 
     def step(self, x, cache: KVCache):
         """The device work of forward for the span cache.begin announced (graph-capturable)."""
-        d, xp, w = self.config.decoder, self.xp, self.w
+        d, w = self.config.decoder, self.w
         for i, block in enumerate(w["decoder"]):       # RoPE from the cache's tables
             x = block(x, partial(cache.attend, i, heads=d.num_heads, scale=d.head_dim ** -0.5))
-        return tk.linear(xp.ascontiguousarray(x[:, -1]), w["lm_head"], norm=w["norm"])
+        return tk.linear(cache.final(x), w["lm_head"], norm=w["norm"])

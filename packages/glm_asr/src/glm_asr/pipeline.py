@@ -1,48 +1,67 @@
-"""From audio samples to timed text segments: 30 s windows, encoded ENCODER_BATCH at a time,
-each window one greedy request that the runtime's token loop decodes."""
+"""From audio files to timed text segments, all files through one pipeline:
+
+- a CPU stage: READERS threads read, decode, resample and (with VAD) segment up to LOOKAHEAD
+  files ahead, a block at a time, handing on the windows' samples (memory is bounded by the
+  queue, not by file length or count);
+- on the GPU: features, the encoder encoder_batch windows at a time, and every window one
+  greedy request of the runtime's continuous-batching engine, so windows of different files
+  decode together (max_batch at once);
+- per file: its segments reassembled in order, the file handed back once all are done.
+"""
 from __future__ import annotations
 
-import itertools
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, ModelRunner, check_length, generate, load_tokenizer
+from tilekernels.runtime import CheckpointError, Engine, Request, check_length, device_stream, generate, \
+    load_tokenizer
 
-from .audio import Audio
-from .features import FRAMES, Window, audio_tokens, log_mel, stream_windows, valid_frames
-from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
+from .audio import SAMPLE_RATE, Audio
+from .features import FRAMES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
 from .model import GlmAsr
+from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
 
 ENCODER_BATCH = 8          # windows encoded together
+MAX_BATCH = 64             # windows decoding at once
+READERS = 4                # files read at once (CPU threads)
+LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
+QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
 
 
-def decode(runner: ModelRunner, ids: list[int], audio_embeds, max_new_tokens: int,
-           ignore_eos: bool = False) -> list[int]:
+def decode(engine: Engine, ids: list[int], audio_embeds, max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """The greedy continuation of one prompt whose audio placeholders take audio_embeds (n, C)."""
-    x = runner.model.prompt_embeds(ids, audio_embeds)
-    return generate(runner, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
+    x = engine.model.prompt_embeds(ids, audio_embeds)
+    return generate(engine, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
 
 
-def window_tokens(runner: ModelRunner, wins: Iterable, prompt_ids: Callable[[int], list[int]], max_new_tokens: int,
-                  ignore_eos: bool = False) -> Iterator[tuple]:
-    """(window, generated token ids) for each window in order; windows are taken from `wins` (a
-    list or a stream) ENCODER_BATCH at a time."""
-    model, wins = runner.model, iter(wins)
-    while group := list(itertools.islice(wins, ENCODER_BATCH)):
-        emb = model.encode(model.xp.stack([w.features for w in group]))
-        for j, w in enumerate(group):
-            yield w, decode(runner, prompt_ids(w.tokens), emb[j, : w.tokens], max_new_tokens, ignore_eos)
+@dataclass
+class _File:
+    """One input on its way through: its segments by window index as they finish."""
+    name: str
+    texts: dict = field(default_factory=dict)
+    windows: list = field(default_factory=list)
+    total: int | None = None        # windows, once the reader has seen them all
+    seconds: float = 0.0            # the input's duration (once read)
+    error: Exception | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.error is not None or (self.total is not None and len(self.texts) == self.total)
 
 
 class Transcriber:
-    """One loaded model, tokenizer and runner serving many files."""
+    """One loaded model, tokenizer and engine serving many files."""
 
-    def __init__(self, directory: Path, device: str):
-        self.model = GlmAsr.load(directory, device)
-        self.runner = ModelRunner(self.model)
-        self.tok = load_tokenizer(directory)
+    def __init__(self, model: GlmAsr, tokenizer, max_batch: int = MAX_BATCH, encoder_batch: int = ENCODER_BATCH):
+        self.model, self.tok = model, tokenizer
+        self.engine = Engine(self.model, max_batch)
+        self.encoder_batch = encoder_batch
         pad = self.tok.token_to_id("<|pad|>")
         for name in ("<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"):
             if self.tok.token_to_id(name) is None:
@@ -51,6 +70,12 @@ class Transcriber:
             raise CheckpointError(f"tokenizer.json: <|pad|> is {pad} but config audio_token_id is "
                                   f"{self.model.config.audio_token_id}")
 
+    @classmethod
+    def load(cls, directory: Path, device: str, max_batch: int = MAX_BATCH,
+             encoder_batch: int = ENCODER_BATCH) -> "Transcriber":
+        """The checkpoint and tokenizer in directory, on device 'gpu' or 'cpu'."""
+        return cls(GlmAsr.load(directory, device), load_tokenizer(directory), max_batch, encoder_batch)
+
     def prompt_ids(self, n_audio: int, instruction: str) -> list[int]:
         text = (f"<|user|>\n<|begin_of_audio|>{'<|pad|>' * n_audio}<|end_of_audio|><|user|>\n"
                 f"{instruction}<|assistant|>\n")
@@ -58,34 +83,131 @@ class Transcriber:
 
     def check(self, instruction: str, max_new_tokens: int) -> None:
         """Refuse max_new_tokens that a full window's prompt leaves no room for in the decoder's
-        positions (before any file is read)."""
-        check_length(self.model, len(self.prompt_ids(audio_tokens(FRAMES), instruction)), max_new_tokens)
+        positions or the engine's slots (before any file is read)."""
+        ids = self.prompt_ids(audio_tokens(FRAMES), instruction)
+        check_length(self.model, len(ids), max_new_tokens)
+        self.engine.check(Request(ids, max_new_tokens))
 
-    def transcribe(self, audio: Audio | np.ndarray, instruction: str, max_new_tokens: int, progress=None,
-                   vad: VadOptions | None = None) -> list[dict]:
-        """The segments ({start, end, text}, seconds in the file's time) of an opened input, read
-        block by block (memory bounded by ENCODER_BATCH windows), or of 16 kHz mono samples: with
-        vad, one per stretch of speech (silence is not decoded), else one per 30 s window."""
-        segments = []
+    def transcribe_many(self, sources: Iterable[tuple[str, Callable]], instruction: str, max_new_tokens: int,
+                        progress=None, vad: VadOptions | None = None,
+                        ignore_eos: bool = False) -> Iterator[tuple[str, list[dict] | Exception, float]]:
+        """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
+        as it and those before it are done; open() returns an Audio or samples. A source that
+        cannot be read gives (name, the exception, 0) and the others go on. progress: update(seconds) per window."""
+        files: list[_File] = []
+        windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
+        sources = iter(sources)
         n_mels, xp = self.model.config.encoder.num_mel_bins, self.model.xp
-        if vad is not None:
-            wins = speech_windows(audio, vad, n_mels, xp)
-        else:
-            blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
-            wins = stream_windows(blocks, n_mels, xp, offset)
-        prompt = lambda n: self.prompt_ids(n, instruction)      # noqa: E731
-        for w, tokens in window_tokens(self.runner, wins, prompt, max_new_tokens):
-            text = self.tok.decode(tokens, skip_special_tokens=True)
-            segments.append({"start": round(w.start_s, 3), "end": round(w.end_s, 3), "text": text.strip()})
-            if progress is not None:
-                progress.update(w.end_s - w.start_s)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    windows.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    pass
+            return False
+
+        def read(index: int, opener: Callable) -> None:
+            try:
+                audio = opener()
+                if vad is not None:
+                    wins = speech_windows(audio, vad, n_mels, None)
+                else:
+                    blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
+                    wins = stream_windows(blocks, n_mels, None, offset)
+                n, end = 0, 0.0
+                for w in wins:
+                    if not put((index, n, w)):
+                        return
+                    n, end = n + 1, w.end_s
+                seconds = len(audio) / SAMPLE_RATE if isinstance(audio, np.ndarray) else audio.seconds
+                put((index, n, seconds or end))
+            except Exception as e:      # noqa: BLE001 - handed to the caller as this file's result
+                put((index, -1, e))
+
+        pool = ThreadPoolExecutor(READERS, thread_name_prefix="glm_asr-read")
+        done_before, group, exhausted = 0, [], False
+        try:
+            while True:
+                while not exhausted and len(files) - done_before < max(LOOKAHEAD, 2 * self.engine.max_batch):
+                    item = next(sources, None)
+                    if item is None:
+                        exhausted = True
+                    else:
+                        files.append(_File(item[0]))
+                        pool.submit(read, len(files) - 1, item[1])
+                if exhausted and done_before == len(files):
+                    break
+                # take what the readers have while the engine has room for it, waiting for them only
+                # when nothing else can move; encode a group once it is full, or when no more is at hand
+                e = self.engine
+                room = e.max_batch - len(e.scheduler.running) - len(e.scheduler.waiting)
+                idle = not e.busy and not group
+                while len(group) < min(self.encoder_batch, max(room, 1)):
+                    try:
+                        index, n, w = windows.get(block=idle)
+                    except queue.Empty:
+                        break
+                    idle = False
+                    if isinstance(w, Window):
+                        group.append((index, n, w))
+                    elif isinstance(w, Exception):
+                        files[index].error = w
+                    else:
+                        files[index].total, files[index].seconds = n, w
+                if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or windows.empty()):
+                    live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
+                    if live:
+                        self._encode(live, files, instruction, max_new_tokens, ignore_eos)
+                    room -= len(group)
+                    group = []
+                # decode once the batch is full or the readers have nothing more right now
+                if e.busy and (room <= 0 or windows.empty()):
+                    for ev in e.step():
+                        index, n, w = ev.request.tag
+                        if ev.finished and files[index] is not None:
+                            files[index].texts[n] = ev.request.out.tokens
+                            if progress is not None:
+                                progress.update(w.end_s - w.start_s)
+                while done_before < len(files) and files[done_before].complete:
+                    f = files[done_before]
+                    files[done_before] = None
+                    done_before += 1
+                    yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
+        finally:
+            stop.set()                          # readers give up within 0.1 s
+            pool.shutdown(wait=True, cancel_futures=True)
+            for r in list(self.engine.scheduler.waiting) + list(self.engine.scheduler.running.values()):
+                self.engine.cancel(r)           # a consumer that stopped early leaves nothing running
+
+    def _encode(self, group: list, files: list, instruction: str, max_new_tokens: int, ignore_eos: bool) -> None:
+        """Encode a group of windows and queue each as a request of the engine."""
+        m, xp = self.model, self.model.xp
+        n_mels = m.config.encoder.num_mel_bins
+        with device_stream(xp):
+            emb = m.encode(featurize([w for _, _, w in group], n_mels, xp))
+            eos = frozenset() if ignore_eos else frozenset(m.eos_ids)
+            for j, (index, n, w) in enumerate(group):
+                ids = self.prompt_ids(w.tokens, instruction)
+                files[index].windows.append((n, w.start_s, w.end_s))
+                self.engine.add(Request(ids, max_new_tokens, eos=eos, embeds=m.prompt_embeds(ids, emb[j, :w.tokens]),
+                                        tag=(index, n, w)))
+
+    def _segments(self, f: _File) -> list[dict]:
+        segments = []
+        for n, start, end in sorted(f.windows):
+            text = self.tok.decode(f.texts[n], skip_special_tokens=True)
+            segments.append({"start": round(start, 3), "end": round(end, 3), "text": text.strip()})
         return segments
 
 
 def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np) -> Iterator[Window]:
-    """A window for each segment of speech Silero VAD finds: its padded audio as the features, its
-    unpadded speech bounds as the times (in the file's time). Two passes over a file (the
-    probabilities, then the segments' audio), each holding a block at a time."""
+    """A window for each segment of speech Silero VAD finds: its padded audio as the features
+    (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
+    file's time). Two passes over a file (the probabilities, then the segments' audio), each
+    holding a block at a time."""
     if isinstance(audio, np.ndarray):
         first, again, offset = [audio], (lambda: [audio]), 0.0
     else:
@@ -94,4 +216,4 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
     for seg, x in segment_audio(again(), segments_from_probs(probs, n, options)):
         tokens = audio_tokens(valid_frames(len(x)))
         if tokens >= 1:
-            yield Window(offset + seg.start_s, offset + seg.end_s, log_mel(x, n_mels, xp), tokens)
+            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens)

@@ -26,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from omegaconf import DictConfig
 
-from tilekernels.runtime import from_model_config, pick_device
+from tilekernels.runtime import from_model_config, pick_device, set_precision
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, UploadTooLarge, check_model, limited,
                                         make_app, serve, submit, wait)
@@ -55,7 +55,7 @@ def transcribe(asr: SpeechRecognizer, path: str, name: str, o: dict, cancelled=l
 def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
                       "max_new_tokens": Int, "prompt": Str, "device": Str, "audio_stream": OptInt, "vad": Str,
-                      "output_format": Str})
+                      "output_format": Str, "precision": Str})
     if o["max_queue"] < 0:
         raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
     if o["max_batch"] < 1:
@@ -69,7 +69,9 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     vad_settings(o["vad"], o["vad_options"])
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
-    asr = asr or SpeechRecognizer(Transcriber(source, pick_device(o["device"])))
+    if asr is None:
+        set_precision(o["precision"])
+        asr = SpeechRecognizer(Transcriber.load(source, pick_device(o["device"]), o["max_batch"]))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
     metrics = Metrics("glm_asr")

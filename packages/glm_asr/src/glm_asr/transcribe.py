@@ -9,12 +9,13 @@ Speech recognition with GLM-ASR on tilekernels. Each 30 s window of a file is on
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from tilekernels.runtime import from_model_config, pick_device
+from tilekernels.runtime import from_model_config, pick_device, set_precision
 from tilekernels.runtime.cli import Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
 
 from .api import SpeechRecognizer
@@ -27,12 +28,14 @@ _FILES: list[str] = []
 
 def run(cfg: DictConfig, args: list[str]) -> int:
     o = options(cfg, {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str,
-                      "device": Str, "audio_stream": OptInt, "vad": Str})
+                      "device": Str, "audio_stream": OptInt, "vad": Str, "max_batch": Int, "encoder_batch": Int,
+                      "precision": Str})
     fmt, out_dir = o["output_format"], o["output_dir"]
     if fmt not in FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if o["max_new_tokens"] < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {o['max_new_tokens']}")
+    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
+        if o[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {o[name]}")
     if o["audio_stream"] is not None and o["audio_stream"] < 0:
         raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
     if not args:
@@ -47,11 +50,13 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
-    asr = SpeechRecognizer(Transcriber(from_model_config(cfg.model), pick_device(o["device"])))
+    set_precision(o["precision"])
+    asr = SpeechRecognizer(Transcriber.load(from_model_config(cfg.model), pick_device(o["device"]), o["max_batch"],
+                                            o["encoder_batch"]))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
-    failed = len(errors)
+    failed, done, seconds, began = len(errors), 0, 0.0, time.perf_counter()
     from tqdm import tqdm
 
     with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
@@ -70,10 +75,17 @@ def run(cfg: DictConfig, args: list[str]) -> int:
                 except OSError as e:
                     print(f"error: {e}", file=sys.stderr)
                     failed += 1
+                    continue
             else:       # several JSON documents on one stream: JSON Lines
                 sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1,
                                         readable=readable))
                 sys.stdout.flush()
+            done, seconds = done + 1, seconds + r.seconds
+    wall = time.perf_counter() - began
+    if done:
+        print(f"{done} file{'s' * (done != 1)} transcribed, {seconds:.1f} s of audio in {wall:.1f} s: "
+              f"{seconds / max(wall, 1e-9):.1f}x real time" + (f"; {failed} failed" if failed else ""),
+              file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -15,9 +15,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from tilekernels.runtime import (CheckpointError, Completion, ModelRunner, Sampling, generate, load_tokenizer,
-                                 pick_device, resolve, text_pieces)
-from tilekernels.runtime.generation import MAX_BATCH
+from tilekernels.runtime import (MAX_BATCH, CheckpointError, Completion, Engine, Sampling, generate, load_tokenizer,
+                                 pick_device, resolve, set_precision, text_pieces)
+from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 
 from .model import GPT
 
@@ -40,23 +40,33 @@ def _one_line():
         raise GPTError(str(e)) from None
 
 
-def load(model: str = "shakespeare", device: str = "auto", revision: str | None = None) -> "LanguageModel":
+def load(model: str = "shakespeare", device: str = "auto", revision: str | None = None,
+         precision: str = DEFAULT_PRECISION) -> "LanguageModel":
     """A GPT-2-architecture model and its tokenizer: a bundled name ('shakespeare'), a hub id
     ('gpt2', 'gpt2-medium', ...; through the HF cache) or a local checkpoint directory, on
-    device 'auto' (the GPU when one works), 'gpu' or 'cpu'."""
+    device 'auto' (the GPU when one works), 'gpu' or 'cpu'. precision (GPU): 'bf16', 'tf32' or
+    'fp32' (tilekernels.runtime.precision; the process's setting, as torch's)."""
     with _one_line():
+        set_precision(precision)
         directory = BUNDLED[model] if model in BUNDLED else resolve(str(model), revision)
         return LanguageModel(GPT.load(directory, pick_device(device)), load_tokenizer(directory))
 
 
 class LanguageModel:
-    """A loaded model: generate, stream and logits (one runner, whose KV cache and CUDA graphs
-    are kept between calls of the same batch size and sampling settings)."""
+    """A loaded model: generate, stream and logits (on one continuous-batching engine, whose KV
+    cache and CUDA graphs are kept between calls of the same max_batch)."""
 
     def __init__(self, model: GPT, tokenizer):
         self.model, self.tokenizer = model, tokenizer
         self.device = "cpu" if model.xp is np else "gpu"
-        self.runner = ModelRunner(model)
+        self._engine: Engine | None = None
+
+    def engine(self, max_batch: int = MAX_BATCH) -> Engine:
+        """The engine decoding up to max_batch rows at once (a new one for another max_batch)."""
+        if self._engine is None or self._engine.max_batch != max_batch:
+            self._engine = None         # its cache goes before the next is allocated
+            self._engine = Engine(self.model, max_batch)
+        return self._engine
 
     def encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
         """Token ids of each prompt (text, or already ids); an empty one starts from <|endoftext|>."""
@@ -71,12 +81,12 @@ class LanguageModel:
         """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
         continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
         temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU; stop: one
-        string or several; prompts run max_batch rows at a time."""
+        string or several; at most max_batch rows decode at once (each row's tokens are the same
+        whatever else runs beside it)."""
         with _one_line():
             ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
                                           num_samples)
-            return generate(self.runner, ids, max_new_tokens, sampling, seed, stop, self.tokenizer,
-                            max_batch=max_batch)
+            return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 100, temperature: float = 0.8,
                top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
@@ -85,7 +95,7 @@ class LanguageModel:
         part of a stop string); the pieces join to generate's text for the same settings."""
         with _one_line():
             ids, sampling = self._request([prompt], max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
-            pieces = text_pieces(self.runner, ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
+            pieces = text_pieces(self.engine(), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
             for _, piece in pieces:
                 yield piece
 

@@ -43,12 +43,12 @@ def stop_strings(stop) -> list[str]:
 def run(cfg: DictConfig) -> None:
     o = options(cfg, {"max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
                       "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "max_batch": Int,
-                      "prompt_file": OptStr, "device": Str})
+                      "prompt_file": OptStr, "device": Str, "precision": Str})
     for name in ("max_new_tokens", "num_samples", "max_batch"):
         if o[name] < 1:
             raise ValueError(f"{name} must be >= 1, got {o[name]}")
     prompts = read_prompts(cfg.prompt, o["prompt_file"])
-    lm = load(str(from_model_config(cfg.model)), o["device"])
+    lm = load(str(from_model_config(cfg.model)), o["device"], precision=o["precision"])
     settings = {k: o[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")}
     if len(prompts) * o["num_samples"] == 1:
         pieces = lm.stream(prompts[0], stop=stop_strings(cfg.stop), **settings)

@@ -59,9 +59,9 @@ class GPT:
         return GPT(self.config, *w)
 
     # ------------------------------------------------------------ inference
-    def new_cache(self, batch: int, length: int) -> KVCache:
+    def new_cache(self, batch: int, length: int, dtype=np.float32) -> KVCache:
         c = self.config
-        return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim)
+        return KVCache.allocate(self.xp, c.n_layer, batch, c.n_head, length, c.head_dim, dtype=dtype)
 
     def forward(self, ids, positions, cache: KVCache, last_only: bool = True):
         """Logits for the new tokens ids (B, T) at positions (B, T), appending them to the cache.
@@ -88,7 +88,7 @@ class GPT:
         for i, block in enumerate(self.blocks):
             x = block(x, partial(cache.attend, i, heads=self.config.n_head, scale=self.config.attn_scale(i)))
         if last_only:
-            x = self.xp.ascontiguousarray(x[:, -1])
+            x = cache.final(x)
         return tk.linear(x, *self.lm_head, norm=self.ln_f)
 
 

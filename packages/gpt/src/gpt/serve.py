@@ -23,9 +23,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
-from tilekernels.runtime import Completion, from_model_config, text_pieces
+from tilekernels.runtime import Completion, check_length, from_model_config, text_pieces
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
-from tilekernels.runtime.generation import check_length
+
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, check_model, make_app, new_id, serve,
                                         submit, wait)
 
@@ -133,8 +133,8 @@ def complete(lm: LanguageModel, req: CompletionRequest, emit: Callable[[int, str
     stops early once cancelled() (its client went away)."""
     outs = [Completion() for _ in req.ids]
     with _one_line():
-        for row, piece in text_pieces(lm.runner, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
-                                      lm.tokenizer, max_batch=max_batch, outs=outs):
+        for row, piece in text_pieces(lm.engine(max_batch), req.ids, req.max_tokens, req.sampling, req.seed,
+                                      req.stop, lm.tokenizer, outs=outs):
             if emit is not None:
                 emit(row, piece)
             if cancelled():
@@ -145,7 +145,8 @@ def complete(lm: LanguageModel, req: CompletionRequest, emit: Callable[[int, str
 def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
                       "max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
-                      "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "device": Str})
+                      "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "device": Str,
+                      "precision": Str})
     if o["max_queue"] < 0:
         raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
     if o["max_batch"] < 1:
@@ -155,7 +156,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
                 "prompt": OmegaConf.to_container(prompt) if OmegaConf.is_config(prompt) else (prompt or "")}
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
-    lm = lm or load(str(source), o["device"])
+    lm = lm or load(str(source), o["device"], precision=o["precision"])
     metrics = Metrics("gpt")
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
