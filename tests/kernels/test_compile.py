@@ -144,7 +144,7 @@ def specializations():
                             [arr(4, False), arr(4, False, kv), arr(4, False, kv), arr(4, False), arr(4, False), arr(4),
                              arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32, I32, d,
                              decode_attn.group_rows(4 if d == 128 else 1),
-                             decode_attn.tile_keys(d), 0, new, rope_on, rows]))
+                             decode_attn.tile_keys(d, 2 if kv == ct.uint16 else 4), 0, new, rope_on, rows]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))

@@ -36,11 +36,11 @@ NEG_INF = -float("inf")
 CHUNK_KEYS = 256        # cached keys a block folds in
 
 
-def tile_keys(d: int) -> int:
-    """Keys a tile: 16 KB of keys as the kernel holds them, widened to float32 (D = 128 tiles of 128
-    float32 keys spilled registers, sm_90 SASS; bfloat16 tiles of 64 keys at D = 128, sized by their
-    stored bytes, attended to wrong keys at batch 1, H100, cuda.tile 1.7.0)."""
-    return max(16, 16384 // (d * 4))
+def tile_keys(d: int, itemsize: int) -> int:
+    """Keys a tile: 16 KB of keys as stored (D = 128 tiles of 128 float32 keys spilled registers,
+    sm_90 SASS), but at most as many as float32 ones past D = 64: bfloat16 tiles of 64 keys at
+    D = 128 attended to wrong keys at batch 1 (H100, cuda.tile 1.7.0)."""
+    return max(16, 16384 // (d * (4 if d > 64 else itemsize)))
 
 
 def group_rows(group: int) -> int:
@@ -158,7 +158,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
 
     bsz, hkv, group, d = q.shape
     t_max = k.shape[2]
-    tile_n = tile_keys(d)
+    tile_n = tile_keys(d, k.dtype.itemsize)
     per = max(1, CHUNK_KEYS // tile_n)
     chunks = -(-t_max // (tile_n * per))
     tile_g = group_rows(group)

@@ -13,7 +13,7 @@ own kernel first (storing bfloat16 where the product takes it).
 
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
-  skinny kernel, weights as the A operand of a TF32 mma, 32 output columns (gated too) per block
+  skinny kernel, weights as the A operand of a TF32 mma, 64 output columns (32 gated) per block
   against up to 64 of the batch bucket's rows of x, K split over blocks (deterministically
   merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
   the same in every bucket.
@@ -169,7 +169,7 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K:
     return acc, acc2, s1, s2
 
 
-@ct.kernel(occupancy=2)       # two blocks an SM: 1.5-2x the weight bandwidth of one (gpt2 shapes, H100)
+@ct.kernel(occupancy=2)    # two blocks an SM: the same arithmetic, 1.2-1.6x faster (docs/performance.md)
 def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
                   RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLIT: ConstBool,
@@ -299,10 +299,11 @@ LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
 BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
 BF16_GLU_LARGE_M = (128, 64, 64)
-# weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk:
-# the fastest of a sweep on gpt2's decode shapes at 1..128 rows, H100 (docs/performance.md)
-SKINNY_N, SKINNY_GLU_N = 32, 32
-SKINNY_M, SKINNY_K = 64, 128
+# weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk
+# (a sweep found 32 x 128 tiles twice as fast again at 1-32 rows, docs/performance.md; not yet run by
+# the GPU tests)
+SKINNY_N, SKINNY_GLU_N = 64, 32
+SKINNY_M, SKINNY_K = 64, 64
 SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are multiples of this
 REDUCE_TILE = 256
 
