@@ -1,207 +1,201 @@
-"""GLM-ASR stage times and end to end, ours vs transformers eager (GPU host).
+"""GLM-ASR bulk transcription and batch-1 latency on the engine, against transformers (GPU host).
 
-    python tools/bench_glm_asr.py [--out DIR] [--weights bf16|fp32] [--lengths 5,30,120] [--files 32]
+    python tools/bench_glm_asr.py [--out DIR] [--files 64] [--precisions bf16,tf32] [--long-minutes 60]
 
-Full-size config with random weights in a checkpoint of bfloat16 values as the hub's
-(--weights fp32: float32 values), both sides computing in fp32 (TF32 allowed on both sides;
-ours keeps the bfloat16 matrices as such on the GPU, transformers widens them); 5 s, 30 s and
-120 s of synthetic audio; each 30 s window is one request generating exactly 64 tokens
-(end-of-sequence ignored) on both sides. 'total' is end to end, samples to tokens, one pass:
-glm_asr.pipeline's window loop (window_tokens) through one tilekernels.runtime.ModelRunner on
-our side, the feature extractor and generate() per window on transformers' ('total_first_run':
-our first pass at that length, which pays cuTile's compiles and the graph captures). Stages,
-timed apart on a further pass: features, encoder, projector, prefill (ours: the runner's
-prompt pass to its first token, the prompt's embeddings built, the prefill replayed from its
-graph and the first token picked on the device), decode (one window's whole greedy request
-minus that prefill, in tokens/s over the 63 steps after the prefill's token). Then 32
-different 30 s files transcribed one after another as glm_asr.transcribe does (windows encoded
-8 at a time, greedy decode per window), reported as times real time.
+Full-size GLM-ASR-Nano config with seeded random weights saved as the hub's checkpoint (bfloat16
+values) and a word-level tokenizer carrying GLM-ASR's special tokens at their ids, loaded by
+Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like audio
+(benchlib.synthetic_speechlike), one seed a file. Every 30 s window generates exactly NEW tokens
+(end-of-sequence ignored) on both sides, so both do the same work.
+
+- bulk: --files files of 30 s through Transcriber.transcribe_many (the CLI's pipeline: reader
+  threads, batched features, the encoder 8 windows at a time, every window a request of the
+  engine, max_batch 64), wall time from the first file handed in to the last transcript back;
+  a first pass compiles and captures, the second is reported (times real time = audio s / wall s);
+  with --vad silero too (the VAD's share of the wall time).
+- long: one file of --long-minutes, wall time and the GPU memory pool's peak.
+- latency: one 30 s clip alone, median of 5.
+- decoder step: the engine's decode step at batch 1 and 64 (64 prompts of a window's length,
+  1 then 1 + 64 new tokens each; the difference over 64 steps).
+- transformers 5 eager generate() at batch 1, 8 and 32 (bf16, and fp32 with TF32), the same
+  windows, features from its WhisperFeatureExtractor.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import cupy
+import numpy as np
 
 from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, synthetic_speechlike,
                       versions, write_result)
-from glm_asr.features import windows
-from glm_asr.pipeline import decode, window_tokens
-from tilekernels.runtime import ModelRunner
 
 NEW = 64
+WINDOW = 480000     # 30 s at 16 kHz
 
 
-def clock(fn):
+def sync():
     import torch
 
     cupy.cuda.Device().synchronize()
     torch.cuda.synchronize()
+
+
+def word_tokenizer(directory: Path, cfg) -> None:
+    """tokenizer.json: GLM-ASR's special tokens at the config's ids and some words, so the
+    pipeline's prompts encode as on the hub (the decoded text of random weights is noise)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    special = {"<|user|>": 59253, "<|assistant|>": 59254, "<|begin_of_audio|>": 59256, "<|end_of_audio|>": 59257,
+               "<|pad|>": cfg.audio_token_id, "<|endoftext|>": 59246}
+    words = "Please transcribe this audio into text . \n [UNK]".split(" ")
+    vocab = {w: i + 100 for i, w in enumerate(words)} | special
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(special))
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def transcribe(asr, audios: list, vad=None) -> tuple[float, int]:
+    """Wall seconds for the files through the pipeline, and the windows transcribed."""
+    from glm_asr.api import PROMPT
+
+    sync()
     t = time.perf_counter()
-    out = fn()
-    cupy.cuda.Device().synchronize()
-    torch.cuda.synchronize()
-    return out, (time.perf_counter() - t) * 1e3
-
-
-def first_token(runner: ModelRunner, ids: list[int], audio_embeds):
-    """The runner's prompt pass alone: the prompt's embeddings, the prefill (replayed from its
-    graph once captured) and the first token picked, as every request starts."""
-    tokens = runner.tokens(runner.model.prompt_embeds(ids, audio_embeds)[None], [ids], NEW)
-    try:
-        return next(tokens)
-    finally:
-        tokens.close()          # no decode steps
-
-
-def ours_run(runner: ModelRunner, audio):
-    m = runner.model
-    st = {}
-    wins, st["features"] = clock(lambda: windows(audio, xp=cupy))
-    feats = cupy.stack([w.features for w in wins])
-    states, st["encoder"] = clock(lambda: m.audio_tower(feats))
-    emb, st["projector"] = clock(lambda: m.project(states))
-    st["prefill"] = st["decode"] = 0.0
-    for j, w in enumerate(wins):
-        ids = glm_prompt_ids(m.config, w.tokens)
-        _, t_prefill = clock(lambda: first_token(runner, ids, emb[j, : w.tokens]))
-        out, t_all = clock(lambda: decode(runner, ids, emb[j, : w.tokens], NEW, ignore_eos=True))  # prefill + 63 steps
-        assert len(out) == NEW, len(out)
-        st["prefill"] += t_prefill
-        st["decode"] += t_all - t_prefill
-    return st, len(wins)
-
-
-def ours_transcribe(runner: ModelRunner, audio) -> int:
-    """Samples to tokens with glm_asr.pipeline's window loop; returns the tokens generated."""
-    runs = window_tokens(runner, windows(audio, xp=cupy), lambda n: glm_prompt_ids(runner.model.config, n), NEW,
-                         ignore_eos=True)
-    return sum(len(tokens) for _, tokens in runs)
-
-
-def hf_inputs(hf, fe, chunk):
-    """(ids, features, mask) of one 30 s window for transformers, and the feature time (ms)."""
-    import torch
-
-    inputs, t = clock(lambda: fe(chunk, sampling_rate=16000, return_tensors="pt", return_attention_mask=True))
-    feats = inputs["input_features"].cuda()
-    mask = inputs["attention_mask"].cuda()
-    frames = int(mask.sum())
-    n_audio = ((frames - 1) // 2 + 1 - 4) // 4 + 1
-    return torch.tensor([glm_prompt_ids(hf.config, n_audio)], device="cuda"), feats, mask, t
-
-
-def hf_chunks(audio):
-    return [audio[start: start + 480000] for start in range(0, len(audio), 480000)]
-
-
-def hf_transcribe(hf, fe, audio) -> int:
-    """Samples to NEW tokens per window with transformers (features, then generate)."""
-    import torch
-
     n = 0
-    for chunk in hf_chunks(audio):
-        ids, feats, mask, _ = hf_inputs(hf, fe, chunk)
+    for name, segments, _ in asr.transcribe_many([(str(i), (lambda a=a: a)) for i, a in enumerate(audios)], PROMPT,
+                                                 NEW, vad=vad, ignore_eos=True):
+        assert not isinstance(segments, Exception), segments
+        n += len(segments)
+    sync()
+    return time.perf_counter() - t, n
+
+
+def decoder_step_ms(asr, batch: int) -> float:
+    """ms of one engine decode step at `batch` rows of a 30 s window's prompt length."""
+    from tilekernels.runtime import Engine, generate
+
+    m = asr.model
+    ids = glm_prompt_ids(m.config, 375)
+    x = m.prompt_embeds(ids, cupy.zeros((375, m.config.decoder.hidden_size), cupy.float32))
+    engine = Engine(m, batch)
+
+    def run(new: int) -> float:
+        generate(engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)     # warm: compiles, captures
+        sync()
+        t = time.perf_counter()
+        generate(engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)
+        sync()
+        return time.perf_counter() - t
+    return (run(1 + NEW) - run(1)) / NEW * 1e3
+
+
+def hf_bulk(hf, fe, audios: list, batch: int) -> float:
+    """Wall seconds for transformers to transcribe the 30 s files `batch` windows a generate()."""
+    import torch
+
+    sync()
+    t = time.perf_counter()
+    for i in range(0, len(audios), batch):
+        chunk = audios[i:i + batch]
+        inputs = fe(chunk, sampling_rate=16000, return_tensors="pt", return_attention_mask=True)
+        feats = inputs["input_features"].cuda().to(hf.dtype)
+        mask = inputs["attention_mask"].cuda()
+        frames = int(mask[0].sum())
+        n_audio = ((frames - 1) // 2 + 1 - 4) // 4 + 1
+        ids = torch.tensor([glm_prompt_ids(hf.config, n_audio)] * len(chunk), device="cuda")
         with torch.no_grad():
             out = hf.generate(input_ids=ids, input_features=feats, input_features_mask=mask, do_sample=False,
                               max_new_tokens=NEW, min_new_tokens=NEW)
-        n += out.shape[1] - ids.shape[1]
-    return n
-
-
-def hf_run(hf, fe, audio):
-    import torch
-
-    st = {"features": 0.0, "encoder": 0.0, "projector": 0.0, "prefill": 0.0, "decode": 0.0}
-    for chunk in hf_chunks(audio):
-        ids, feats, mask, t = hf_inputs(hf, fe, chunk)
-        st["features"] += t
-        with torch.no_grad():
-            core = getattr(hf, "model", hf)            # transformers 5 nests the towers in .model
-            states, t_enc = clock(lambda: core.audio_tower(feats).last_hidden_state)
-            _, t_proj = clock(lambda: core.multi_modal_projector(
-                states.reshape(1, -1, hf.config.audio_config.intermediate_size)))
-            _, t = clock(lambda: hf(input_ids=ids, input_features=feats, input_features_mask=mask))
-            st["encoder"] += t_enc
-            st["projector"] += t_proj
-            st["prefill"] += max(0.0, t - t_enc - t_proj)      # the forward minus its audio part
-            kw = dict(input_ids=ids, input_features=feats, input_features_mask=mask, do_sample=False)
-            _, t1 = clock(lambda: hf.generate(**kw, max_new_tokens=1, min_new_tokens=1))
-            _, tn = clock(lambda: hf.generate(**kw, max_new_tokens=NEW, min_new_tokens=NEW))
-            st["decode"] += tn - t1
-    return st
-
-
-def seconds_list(value: str) -> list[int]:
-    """--lengths: positive whole seconds, comma-separated."""
-    try:
-        out = [int(s) for s in value.split(",")]
-    except ValueError:
-        out = []
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive whole seconds like 5,30,120, got {value!r}")
-    return out
+        assert out.shape[1] - ids.shape[1] == NEW
+    sync()
+    return time.perf_counter() - t
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
-    ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16", help="the checkpoint's dtype")
-    ap.add_argument("--lengths", type=seconds_list, default="5,30,120", help="audio lengths in seconds, comma-separated")
-    ap.add_argument("--files", type=int, default=32, help="30 s files transcribed one after another (0: skip)")
+    ap.add_argument("--files", type=int, default=64, help="30 s files of the bulk run")
+    ap.add_argument("--precisions", default="bf16,tf32", help="our precisions to run, comma-separated")
+    ap.add_argument("--long-minutes", type=float, default=60.0, help="the long file's minutes (0: skip)")
+    ap.add_argument("--hf-batches", default="1,8,32", help="transformers' batches (empty: skip)")
     args = ap.parse_args()
-    if args.files < 0:
-        ap.error(f"--files: expected 0 or more, got {args.files}")
-    import tempfile
-
     import torch
     from transformers import WhisperFeatureExtractor
 
+    from glm_asr.pipeline import Transcriber
+    from glm_asr.vad import VadOptions
+    from tilekernels.runtime import set_precision
+
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    with tempfile.TemporaryDirectory() as tmp:
-        hf, ours = random_glm_asr_checkpoint(tmp, args.weights)
-    runner = ModelRunner(ours)      # its KV cache and captured graphs serve every request, as in transcription
-    fe = WhisperFeatureExtractor(feature_size=128)
+    audios = [synthetic_speechlike(30.0, seed=s) for s in range(args.files)]
+    seconds = 30.0 * args.files
     rows = []
-    warm = synthetic_speechlike(3.0)
-    ours_run(runner, warm)
-    hf_run(hf, fe, warm)
-    for seconds in args.lengths:
-        audio = synthetic_speechlike(seconds)
-        _, cold = clock(lambda: ours_transcribe(runner, audio))    # first run: compiles new shapes, captures graphs
-        n_ours, total_o = clock(lambda: ours_transcribe(runner, audio))
-        n_hf, total_h = clock(lambda: hf_transcribe(hf, fe, audio))
-        assert n_ours == n_hf, (n_ours, n_hf)
-        o, n_win = ours_run(runner, audio)
-        h = hf_run(hf, fe, audio)
-        rows.append({"audio_s": seconds, "stage": "total_first_run", "ours_ms": round(cold, 1)})
-        for stage in ("features", "encoder", "projector", "prefill", "decode"):
-            rows.append({"audio_s": seconds, "stage": stage, "ours_ms": round(o[stage], 2),
-                         "transformers_ms": round(h[stage], 2)})
-        steps = n_win * (NEW - 1)       # the first token of each window comes from the prefill
-        rows.append({"audio_s": seconds, "stage": "decode_tok_s", "ours": round(steps / o["decode"] * 1e3, 1),
-                     "transformers": round(steps / h["decode"] * 1e3, 1)})
-        rows.append({"audio_s": seconds, "stage": "total", "ours_ms": round(total_o, 1), "transformers_ms": round(total_h, 1),
-                     "ours_real_time_factor": round(total_o / 1e3 / seconds, 4),
-                     "transformers_real_time_factor": round(total_h / 1e3 / seconds, 4)})
-        print(rows[-1], flush=True)
-    if args.files:
-        files = [synthetic_speechlike(30.0, seed=s) for s in range(args.files)]
-        ours_transcribe(runner, files[0])
-        tokens, ms = clock(lambda: sum(ours_transcribe(runner, a) for a in files))
-        rows.append({"audio_s": args.files * 30, "stage": f"{args.files} files x 30 s, total", "ours_ms": round(ms, 1),
-                     "ours_times_real_time": round(args.files * 30 / (ms / 1e3), 1), "tokens": tokens})
-        print(rows[-1], flush=True)
-    dtype = "bfloat16 (the hub checkpoint's)" if args.weights == "bf16" else "float32"
-    md = (f"GPU: {gpu_name()}; checkpoint in {dtype}, fp32 arithmetic, TF32 allowed; {NEW} tokens per 30 s "
-          "window.\n\n") + markdown_table(
-        ["audio s", "stage", "ours", "transformers"],
-        [[r["audio_s"], r["stage"], r.get("ours_ms", r.get("ours")), r.get("transformers_ms", r.get("transformers", ""))]
+
+    def row(**kw):
+        rows.append(kw)
+        print(kw, flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, _ = random_glm_asr_checkpoint(tmp, "bf16")
+        word_tokenizer(Path(tmp), hf.config)
+        for precision in args.precisions.split(","):
+            set_precision(precision)
+            asr = Transcriber.load(Path(tmp), "gpu")
+            transcribe(asr, audios[:8])                     # compiles, captures the small buckets
+            cold, _ = transcribe(asr, audios)
+            wall, n = transcribe(asr, audios)
+            assert n == args.files
+            row(system="ours", precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
+                new_tokens=NEW, vad="none", wall_s=round(wall, 3), first_pass_s=round(cold, 3),
+                times_real_time=round(seconds / wall, 1))
+            if precision == args.precisions.split(",")[0]:
+                transcribe(asr, audios[:2], VadOptions())
+                wall_v, _ = transcribe(asr, audios, VadOptions())
+                row(system="ours", precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
+                    new_tokens=NEW, vad="silero", wall_s=round(wall_v, 3), times_real_time=round(seconds / wall_v, 1))
+                lat = []
+                for _ in range(6):
+                    lat.append(transcribe(asr, audios[:1])[0] * 1e3)
+                row(system="ours", precision=precision, work="one 30 s clip", batch=1, new_tokens=NEW, vad="none",
+                    latency_ms=round(statistics.median(lat[1:]), 1))
+                for b in (1, 64):
+                    row(system="ours", precision=precision, work="decoder step, 30 s window prompts", batch=b,
+                        step_ms=round(decoder_step_ms(asr, b), 3))
+                if args.long_minutes > 0:
+                    pool = cupy.get_default_memory_pool()
+                    long = np.tile(np.concatenate(audios[:8]), int(np.ceil(args.long_minutes / 4)))
+                    long = long[:int(args.long_minutes * 60 * 16000)]
+                    wall_l, n_l = transcribe(asr, [long])
+                    row(system="ours", precision=precision, work=f"one {args.long_minutes:g}-minute file",
+                        batch=asr.engine.max_batch, new_tokens=NEW, vad="none", wall_s=round(wall_l, 3),
+                        windows=n_l, times_real_time=round(len(long) / 16000 / wall_l, 1),
+                        gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
+            del asr
+            cupy.get_default_memory_pool().free_all_blocks()
+        set_precision("bf16")
+        fe = WhisperFeatureExtractor(feature_size=128)
+        hf_audios = audios[:32]
+        for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "tf32")):
+            hf = hf.to(dtype)
+            for b in [int(x) for x in args.hf_batches.split(",") if x]:
+                work = hf_audios[:max(b, 2)]
+                hf_bulk(hf, fe, work[:b], b)                  # warm-up
+                wall = hf_bulk(hf, fe, work, b)
+                row(system="transformers eager", precision=name, work=f"{len(work)} files x 30 s", batch=b,
+                    new_tokens=NEW, vad="none", wall_s=round(wall, 3), times_real_time=round(30 * len(work) / wall, 1))
+    md = f"GPU: {gpu_name()}; random weights, {NEW} tokens per 30 s window (eos ignored).\n\n" + markdown_table(
+        ["system", "precision", "work", "batch", "figure"],
+        [[r["system"], r.get("precision", ""), r["work"], r.get("batch", ""),
+          ", ".join(f"{k} {r[k]}" for k in ("times_real_time", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
          for r in rows])
-    write_result("glm_asr" + ("" if args.weights == "bf16" else "-fp32"),
-                 {"gpu": gpu_name(), "versions": versions(), "checkpoint_dtype": args.weights, "rows": rows}, args.out, md)
+    write_result("glm-asr-bulk", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows},
+                 args.out, md)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from benchlib import glm_prompt_ids, gpu_name, random_glm_asr_checkpoint, synthe
 from glm_asr.features import audio_tokens, log_mel, valid_frames
 from glm_asr.model import GlmAsr
 from glm_asr.pipeline import decode
-from tilekernels.runtime import ModelRunner
+from tilekernels.runtime import Engine, set_precision
 
 
 def rel_err(a, b) -> float:
@@ -107,8 +107,8 @@ def main():
     feat_diff = float(np.abs(ours_feat - ref_feat).max())
     print(f"features: max abs diff {feat_diff:.2e}")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        hf, ours = random_glm_asr_checkpoint(tmp, args.weights)
+    tmp = tempfile.TemporaryDirectory()
+    hf, ours = random_glm_asr_checkpoint(tmp.name, args.weights)
     frames = valid_frames(len(audio))
     n_audio = audio_tokens(frames)
     ids = glm_prompt_ids(ours.config, n_audio)
@@ -125,6 +125,11 @@ def main():
         hf_tf32_rel = float(np.linalg.norm(hf_tf32.double().cpu().numpy() - ref_logits) / np.linalg.norm(ref_logits))
         hf_tokens = hf.generate(input_ids=input_ids, input_features=feats, input_features_mask=mask,
                                 max_new_tokens=args.tokens, do_sample=False)[0, len(ids):].tolist()
+        hf.to(torch.bfloat16)       # transformers' own bf16 run, the bar for our precision 'bf16'
+        hf_bf16 = hf(input_ids=input_ids, input_features=feats.to(torch.bfloat16),
+                     input_features_mask=mask).logits[0, -1]
+        hf_bf16_rel = float(np.linalg.norm(hf_bf16.double().cpu().numpy() - ref_logits) / np.linalg.norm(ref_logits))
+        del hf
 
     def prefill(precision: str):
         """(prefill logits rel err, audio embeddings) at a matmul precision."""
@@ -137,10 +142,17 @@ def main():
     rel, emb = prefill("highest")          # the greedy tokens below run at 'highest' too
     eos = set(ours.config.eos_token_ids)
     hf_tokens = hf_tokens[: next((i for i, t in enumerate(hf_tokens) if t in eos), len(hf_tokens))]
-    our_tokens = decode(ModelRunner(ours), ids, emb, args.tokens)
+    set_precision("fp32")
+    our_tokens = decode(Engine(ours, 1), ids, emb, args.tokens)
     same = our_tokens == hf_tokens
+    del ours
+    set_precision("bf16")                   # loads as precision bf16 keeps it: encoder weights in bfloat16 too
+    ours = GlmAsr.load(Path(tmp.name), "gpu")
+    rel_bf16, _ = prefill("medium")
+    tmp.cleanup()
     print(f"prefill logits rel err {rel:.2e} (highest), {rel_tf32:.2e} (high, TF32; transformers' own TF32 "
-          f"drift {hf_tf32_rel:.2e}); {len(hf_tokens)} greedy tokens identical (highest): {same}")
+          f"drift {hf_tf32_rel:.2e}), {rel_bf16:.2e} (medium, bf16; transformers' own bf16 {hf_bf16_rel:.2e}); "
+          f"{len(hf_tokens)} greedy tokens identical (highest): {same}")
     ok = feat_diff <= 1e-4 and rel <= 1e-3 and same
     write_result("glm_asr-parity" + ("" if args.weights == "bf16" else "-fp32"), {
         "gpu": gpu_name(), "versions": versions(), "pass": ok, "audio_seconds": args.seconds,
@@ -148,6 +160,8 @@ def main():
         "features_max_abs_diff": feat_diff, "features_bound": 1e-4, "prompt_tokens": len(ids),
         "audio_tokens": n_audio, "prefill_logits_rel_err": rel, "rel_err_bound": 1e-3, "matmul_precision": "highest",
         "prefill_logits_rel_err_tf32": rel_tf32, "transformers_tf32_vs_fp32_rel_err": hf_tf32_rel,
+        "prefill_logits_rel_err_bf16": rel_bf16, "transformers_bf16_vs_fp32_rel_err": hf_bf16_rel,
+        "bf16_at_least_as_good_as_transformers_bf16": rel_bf16 <= hf_bf16_rel,
         "greedy_tokens": len(hf_tokens), "tokens_identical": same, "ours": our_tokens, "transformers": hf_tokens,
     }, args.out)
     sys.exit(0 if ok else 1)

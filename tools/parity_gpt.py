@@ -19,7 +19,7 @@ import numpy as np
 
 from benchlib import gpu_name, versions, write_result
 from gpt.model import GPT
-from tilekernels.runtime import GREEDY, ModelRunner, generate
+from tilekernels.runtime import GREEDY, Engine, generate
 
 
 def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int = 64) -> dict:
@@ -35,7 +35,7 @@ def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int =
     got = cupy.asnumpy(ours.forward(cupy.asarray([prompt]), cupy.arange(len(prompt))[None], cache,
                                     last_only=False))[0].astype(np.float64)
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-    out = generate(ModelRunner(ours), [prompt], new_tokens, GREEDY)[0].tokens
+    out = generate(Engine(ours, 1), [prompt], new_tokens, GREEDY)[0].tokens
     eos = ours.config.eos_token_id
     hf_tokens = hf_tokens[: hf_tokens.index(eos)] if eos in hf_tokens else hf_tokens
     row = {"model": name, "prompt_tokens": len(prompt), "logits_rel_err": rel, "rel_err_bound": 1e-3,
