@@ -13,10 +13,10 @@ from tilekernels.runtime import Engine, Request, Sampling, generate, load_tokeni
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))
 from checkpoints import make_gpt2  # noqa: E402
+from engine_runs import GREEDY, run  # noqa: E402
 
 from gpt.model import GPT  # noqa: E402
 
-GREEDY = Sampling(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +28,6 @@ def workload(rng, n: int, vocab: int, longest: int = 40, most_new: int = 30):
     """n requests of ragged prompts (1..longest tokens) and lengths (1..most_new new tokens)."""
     return [(rng.integers(0, vocab, rng.integers(1, longest + 1)).tolist(), int(rng.integers(1, most_new + 1)))
             for _ in range(n)]
-
-
-def run(engine: Engine, work, sampling=GREEDY, seeds=None, arrive_every: int = 0) -> list[list[int]]:
-    """Every request's tokens (eos ignored); sampling: one Sampling for all, or one a request.
-    With arrive_every, a request joins every that many steps while the others run, instead of
-    all at the start."""
-    settings = sampling if isinstance(sampling, list) else [sampling] * len(work)
-    reqs = [Request(p, n, settings[i], None if seeds is None else seeds[i], tag=i) for i, (p, n) in enumerate(work)]
-    pending = list(reqs)
-    while pending or engine.busy:
-        for _ in range(len(pending) if not arrive_every else 1):
-            if pending:
-                engine.add(pending.pop(0))
-        for _ in range(max(arrive_every, 1)):
-            engine.step()
-    assert all(r.finished for r in reqs)
-    return [r.out.tokens for r in reqs]
 
 
 def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 import tilekernels as tk
-
-from tilekernels.runtime import Engine, Request, Sampling, device_stream
+from tilekernels.runtime import Engine, Sampling, device_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))
 from checkpoints import make_gpt2  # noqa: E402
+from engine_runs import GREEDY, run  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-GREEDY = Sampling(temperature=0)
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +26,6 @@ def gpt2(tmp_path_factory):
     d = make_gpt2(tmp_path_factory.mktemp("gpt2"), n_embd=768, n_head=12, n_layer=12, n_positions=1024,
                   vocab=50257)
     return GPT.load(d, "gpu")
-
-
-def run(engine: Engine, work, settings, seeds=None, arrive_every: int = 0) -> list[list[int]]:
-    """Every request's tokens (eos ignored), all at once or one joining every arrive_every steps."""
-    reqs = [Request(p, n, settings[i], None if seeds is None else seeds[i], tag=i) for i, (p, n) in enumerate(work)]
-    pending = list(reqs)
-    while pending or engine.busy:
-        for _ in range(len(pending) if not arrive_every else 1):
-            if pending:
-                engine.add(pending.pop(0))
-        for _ in range(max(arrive_every, 1)):
-            engine.step()
-    return [r.out.tokens for r in reqs]
 
 
 def workload(seed: int, n: int, longest: int = 300, most_new: int = 40):
