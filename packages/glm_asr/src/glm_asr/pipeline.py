@@ -97,7 +97,7 @@ class Transcriber:
         files: list[_File] = []
         windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
         sources = iter(sources)
-        n_mels, xp = self.model.config.encoder.num_mel_bins, self.model.xp
+        n_mels = self.model.config.encoder.num_mel_bins
         stop = threading.Event()
 
         def put(item) -> bool:
