@@ -35,6 +35,7 @@ from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_c
                       versions, write_result)
 
 NEW = 64
+OURS = {"system": "tile-inference", "model": "glm-asr-nano"}
 WINDOW = 480000     # 30 s at 16 kHz
 
 
@@ -125,6 +126,7 @@ def main():
     ap.add_argument("--hf-batches", default="1,8,32", help="transformers' batches (empty: skip)")
     args = ap.parse_args()
     import torch
+    import transformers
     from transformers import WhisperFeatureExtractor
 
     from glm_asr.pipeline import Transcriber
@@ -151,30 +153,30 @@ def main():
             cold, _ = transcribe(asr, audios)
             wall, n = transcribe(asr, audios)
             assert n == args.files
-            row(system="ours", precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
+            row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
                 new_tokens=NEW, vad="none", wall_s=round(wall, 3), first_pass_s=round(cold, 3),
-                times_real_time=round(seconds / wall, 1))
+                realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
                 transcribe(asr, audios[:2], VadOptions())
                 wall_v, _ = transcribe(asr, audios, VadOptions())
-                row(system="ours", precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
-                    new_tokens=NEW, vad="silero", wall_s=round(wall_v, 3), times_real_time=round(seconds / wall_v, 1))
+                row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
+                    new_tokens=NEW, vad="silero", wall_s=round(wall_v, 3), realtime_factor=round(seconds / wall_v, 1))
                 lat = []
                 for _ in range(6):
                     lat.append(transcribe(asr, audios[:1])[0] * 1e3)
-                row(system="ours", precision=precision, work="one 30 s clip", batch=1, new_tokens=NEW, vad="none",
+                row(**OURS, precision=precision, work="one 30 s clip", batch=1, new_tokens=NEW, vad="none",
                     latency_ms=round(statistics.median(lat[1:]), 1))
                 for b in (1, 64):
-                    row(system="ours", precision=precision, work="decoder step, 30 s window prompts", batch=b,
+                    row(**OURS, precision=precision, work="decoder step, 30 s window prompts", batch=b,
                         step_ms=round(decoder_step_ms(asr, b), 3))
                 if args.long_minutes > 0:
                     pool = cupy.get_default_memory_pool()
                     long = np.tile(np.concatenate(audios[:8]), int(np.ceil(args.long_minutes / 4)))
                     long = long[:int(args.long_minutes * 60 * 16000)]
                     wall_l, n_l = transcribe(asr, [long])
-                    row(system="ours", precision=precision, work=f"one {args.long_minutes:g}-minute file",
+                    row(**OURS, precision=precision, work=f"one {args.long_minutes:g}-minute file",
                         batch=asr.engine.max_batch, new_tokens=NEW, vad="none", wall_s=round(wall_l, 3),
-                        windows=n_l, times_real_time=round(len(long) / 16000 / wall_l, 1),
+                        windows=n_l, realtime_factor=round(len(long) / 16000 / wall_l, 1),
                         gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
             del asr
             cupy.get_default_memory_pool().free_all_blocks()
@@ -187,12 +189,13 @@ def main():
                 work = hf_audios[:max(b, 2)]
                 hf_bulk(hf, fe, work[:b], b)                  # warm-up
                 wall = hf_bulk(hf, fe, work, b)
-                row(system="transformers eager", precision=name, work=f"{len(work)} files x 30 s", batch=b,
-                    new_tokens=NEW, vad="none", wall_s=round(wall, 3), times_real_time=round(30 * len(work) / wall, 1))
+                row(system=f"transformers {transformers.__version__} eager", model="glm-asr-nano", precision=name,
+                    work=f"{len(work)} files x 30 s", batch=b, new_tokens=NEW, vad="none", wall_s=round(wall, 3),
+                    realtime_factor=round(30 * len(work) / wall, 1))
     md = f"GPU: {gpu_name()}; random weights, {NEW} tokens per 30 s window (eos ignored).\n\n" + markdown_table(
         ["system", "precision", "work", "batch", "figure"],
         [[r["system"], r.get("precision", ""), r["work"], r.get("batch", ""),
-          ", ".join(f"{k} {r[k]}" for k in ("times_real_time", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
+          ", ".join(f"{k} {r[k]}" for k in ("realtime_factor", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
          for r in rows])
     write_result("glm-asr-bulk", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows},
                  args.out, md)

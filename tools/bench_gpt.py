@@ -7,8 +7,8 @@ gpt2 (124M) with transformers' random initialisation, saved in the HF layout and
 loader. Batched: B prompts of 32 random tokens, 128 new tokens each (end-of-text ignored, greedy),
 end-to-end tokens/s (prefill included; wall time with the device synchronised; a warm-up run
 compiles and captures, then the median of 3), ours through tilekernels.runtime.generate on one
-Engine(max_batch=B) (at precision bf16 with a bfloat16 KV cache) against transformers eager generate() (sdpa attention) in fp32 with TF32 and
-in bf16. Mixed load: 256 requests of 16-512 prompt tokens and 16-256 new tokens (seeded), all
+Engine(max_batch=B) (at precision bf16 with a bfloat16 KV cache) against transformers eager
+generate() (sdpa attention) in fp32 with TF32 and in bf16. Mixed load: 256 requests of 16-512 prompt tokens and 16-256 new tokens (seeded), all
 queued at once on one engine of max_batch 64 (continuous batching: a finished row's slot goes to
 the next request the same step) against the same requests in static batches of 64 (each batch
 decodes until its longest row is done); useful tokens/s.
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--hf-batches", default="1,8,32")
     args = ap.parse_args()
     import torch
+    import transformers
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from gpt.model import GPT
@@ -83,8 +84,8 @@ def main():
             for b in batches:
                 engine = Engine(model, b, kv_dtype=kv)
                 s = wall(lambda: generate(engine, prompts[:b], NEW, ignore_eos=True))
-                row(system="ours", precision=precision, work=f"{PROMPT}-token prompts", batch=b, new_tokens=NEW,
-                    tokens_per_s=round(b * NEW / s, 1))
+                row(system="tile-inference", model="gpt2", precision=precision, kv_cache=np.dtype(kv).name,
+                    work=f"{PROMPT}-token prompts", batch=b, new_tokens=NEW, tokens_per_s=round(b * NEW / s, 1))
                 del engine
             if precision == args.precisions.split(",")[0]:
                 load = [(rng.integers(0, 50257, int(rng.integers(16, 513))).tolist(), int(rng.integers(16, 257)))
@@ -105,7 +106,8 @@ def main():
                         longest = max(n for _, n in group)      # a static batch runs until its longest row is done
                         list(run(engine, [Request(p, longest, eos=frozenset()) for p, _ in group]))
                 for name, fn in (("continuous batching, max_batch 64", continuous), ("static batches of 64", static)):
-                    row(system="ours", precision=precision, work="256 mixed requests", batch=name,
+                    row(system="tile-inference", model="gpt2", precision=precision, kv_cache=np.dtype(kv).name,
+                        work="256 mixed requests", batch=name, new_tokens="16-256",
                         tokens_per_s=round(useful / wall(fn, 1), 1))
                 del engine
             del model
@@ -120,8 +122,8 @@ def main():
                 with torch.no_grad():
                     hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
                                 min_new_tokens=NEW, pad_token_id=0)
-            row(system="transformers eager", precision=name, work=f"{PROMPT}-token prompts", batch=b,
-                new_tokens=NEW, tokens_per_s=round(b * NEW / wall(gen, 2), 1))
+            row(system=f"transformers {transformers.__version__} eager", model="gpt2", precision=name,
+                work=f"{PROMPT}-token prompts", batch=b, new_tokens=NEW, tokens_per_s=round(b * NEW / wall(gen, 2), 1))
     md = f"GPU: {gpu_name()}; gpt2 (124M), random weights; tokens/s end to end.\n\n" + markdown_table(
         ["system", "precision", "work", "batch", "tokens/s"],
         [[r["system"], r["precision"], r["work"], r["batch"], r["tokens_per_s"]] for r in rows])
