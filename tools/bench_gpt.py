@@ -8,8 +8,8 @@ loader. Batched: B prompts of 32 random tokens, 128 new tokens each (end-of-text
 end-to-end tokens/s (prefill included; wall time with the device synchronised; a warm-up run
 compiles and captures, then the median of 3), ours through tilekernels.runtime.generate on one
 Engine(max_batch=B) (at precision bf16 with a bfloat16 KV cache) against transformers eager
-generate() (sdpa attention) in fp32 with TF32 and in bf16. Mixed load: 256 requests of 16-512 prompt tokens and 16-256 new tokens (seeded), all
-queued at once on one engine of max_batch 64 (continuous batching: a finished row's slot goes to
+generate() (sdpa attention) in fp32 with TF32 and in bf16. Mixed load: 256 requests of 16-512
+prompt tokens and 16-256 new tokens (seeded), all queued at once on one engine of max_batch 64 (continuous batching: a finished row's slot goes to
 the next request the same step) against the same requests in static batches of 64 (each batch
 decodes until its longest row is done); useful tokens/s.
 """
