@@ -96,6 +96,17 @@ def test_cli_end_to_end(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+def test_prompt_file_lines_decode_the_same_at_any_max_batch(ckpt, tmp_path):
+    """prompt_file: one prompt a line (blank lines skipped, \\n a newline), all through one engine;
+    greedy text is the same decoded one at a time (max_batch=1) and together (max_batch=8)."""
+    (tmp_path / "p.txt").write_text("To be\n\nwhether 'tis\\nnobler\nthe\nslings and arrows of outrageous\nO\n")
+    outs = [cli(f"model.path={ckpt}", f"prompt_file={tmp_path / 'p.txt'}", "max_new_tokens=10", "temperature=0",
+                f"max_batch={b}", "device=cpu") for b in (1, 8)]
+    assert all(r.returncode == 0 for r in outs), outs[0].stderr
+    assert outs[0].stdout == outs[1].stdout and outs[0].stdout.count("--- sample") == 5
+    assert "--- sample 2 ---\nwhether 'tis\nnobler" in outs[0].stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (["model=gpt2"], "not in the local cache and the hub is unreachable"),
     (["model.path=/nonexistent/dir"], "/nonexistent/dir: no such directory"),

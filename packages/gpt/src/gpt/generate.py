@@ -22,12 +22,18 @@ OmegaConf.register_new_resolver("gpt_data", lambda name: str(DATA / name), repla
 
 
 def read_prompts(prompt, prompt_file: str | None) -> list[str]:
+    """The prompts: prompt_file's lines (one prompt a line, blank lines skipped, a literal \\n in a
+    line a newline), else the prompt option (a string or a list)."""
     if prompt_file:
         try:
-            return [Path(prompt_file).expanduser().read_text()]
+            text = Path(prompt_file).expanduser().read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"prompt_file {prompt_file}: cannot read ({e.__class__.__name__}: "
                              f"{getattr(e, 'strerror', None) or e})") from None
+        prompts = [line.replace("\\n", "\n") for line in text.splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"prompt_file {prompt_file}: no prompt in it (one a line)")
+        return prompts
     if isinstance(prompt, ListConfig):
         return [str(p) for p in prompt] or [""]
     return ["" if prompt is None else str(prompt)]
