@@ -205,6 +205,37 @@ def test_gpt_16_concurrent(gpt_server, gpt_ckpt):
     assert 'gpt_requests_total{endpoint="/v1/completions",status="200"}' in text
 
 
+def test_gpt_requests_share_the_running_batch(gpt_server):
+    """Concurrent streams decode together (continuous batching): every stream has its first text
+    before any of them has finished, where one request at a time would finish each first."""
+    first, last = [None] * 4, [None] * 4
+
+    def one(i):
+        stream = gpt_server.client().completions.create(model="tiny", prompt=f"To be {i}", max_tokens=60,
+                                                        temperature=0, stream=True)
+        for ch in stream:
+            if ch.choices and ch.choices[0].text and first[i] is None:
+                first[i] = time.perf_counter()
+        last[i] = time.perf_counter()
+
+    concurrently(one, 4)
+    assert None not in first and None not in last
+    assert max(first) < min(last)
+
+
+def test_gpt_sigterm_finishes_the_running_batch(request, gpt_ckpt, tmp_path_factory):
+    """SIGTERM while rows decode: the running requests finish whole, then the server exits cleanly."""
+    s = start(request, "gpt.serve", [f"model.path={gpt_ckpt}"], tmp_path_factory.mktemp("gpt_drain"))
+    stream = s.client().completions.create(model="tiny", prompt="To be", max_tokens=60, temperature=0, n=16,
+                                           stream=True)
+    chunks = [next(iter(stream))]
+    s.proc.send_signal(signal.SIGTERM)
+    chunks += list(stream)
+    finished = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(finished) == 16 and all(c.finish_reason in ("length", "stop") for c in finished)
+    assert s.proc.wait(60) in (0, -signal.SIGTERM, 143)
+
+
 def concurrently(fn, n: int) -> None:
     """fn(0) ... fn(n - 1) at once, each in its own thread (bounded: 120 s each)."""
     threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]

@@ -9,28 +9,29 @@ temperature, top_p, top_k and repetition_penalty (extensions), n, stop, seed, st
 events), echo; logprobs, suffix, best_of != n, logit_bias and nonzero presence/frequency penalties
 are refused with 400), GET /v1/models, /health, /metrics. Every option of python -m gpt.generate is
 the default of the matching request field (max_new_tokens -> max_tokens, num_samples -> n).
-One model runs one request at a time (Worker); `complete` is the one model call.
+Every request's rows join the engine's running batch (EngineWorker): concurrent requests share each
+decode step, and each gets what python -m gpt.generate gives for it (same seeds, the engine's
+tokens do not depend on the batch).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from typing import Callable
 
 import hydra
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
-from tilekernels.runtime import Completion, check_length, from_model_config, text_pieces
+from tilekernels.runtime import Completion, check_length, from_model_config, requests
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, check_model, make_app, new_id, serve,
                                         submit, wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
-from .api import GPTError, LanguageModel, _one_line, load
+from .api import GPTError, LanguageModel, load
 from .generate import stop_strings
 
 UNSUPPORTED = {"logprobs": "logprobs are not supported", "suffix": "suffix (insertion) is not supported",
@@ -126,22 +127,6 @@ def _prompts(prompt) -> list:
                    "prompt")
 
 
-def complete(lm: LanguageModel, req: CompletionRequest, emit: Callable[[int, str], None] | None = None,
-             cancelled: Callable[[], bool] = lambda: False, max_batch: int = 32) -> list[Completion]:
-    """The model call: every row of the request (prompt-major, n each), as python -m gpt.generate
-    and LanguageModel.generate run it (same seeds, same batches), emit(row, piece) as text comes;
-    stops early once cancelled() (its client went away)."""
-    outs = [Completion() for _ in req.ids]
-    with _one_line():
-        for row, piece in text_pieces(lm.engine(max_batch), req.ids, req.max_tokens, req.sampling, req.seed,
-                                      req.stop, lm.tokenizer, outs=outs):
-            if emit is not None:
-                emit(row, piece)
-            if cancelled():
-                break
-    return outs
-
-
 def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
                       "max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
@@ -160,7 +145,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     metrics = Metrics("gpt")
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
-    app, worker = make_app("gpt", model_id, metrics, o["max_queue"], cfg.get("api_key") or None)
+    engine = lm.engine(o["max_batch"])
+    app, worker = make_app("gpt", model_id, metrics, o["max_queue"], cfg.get("api_key") or None, engine=engine)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -172,19 +158,16 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         tokens_in.inc(req.prompt_tokens)
         rid, created = new_id("cmpl"), int(time.time())
 
-        def run(job: Job) -> list[Completion]:
-            emit = (lambda row, piece: job.emit((row, piece))) if req.stream else None
-            outs = complete(lm, req, emit, job.cancelled.is_set, o["max_batch"])
-            tokens_out.inc(sum(len(c.tokens) for c in outs))
-            return outs
-
-        job = submit(worker(), run)
+        job = submit(worker(), requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
+                                        lm.tokenizer))
+        job.future.add_done_callback(
+            lambda f: f.exception() or tokens_out.inc(sum(len(c.tokens) for c in f.result())))
         if not req.stream:
             try:
                 outs = await wait(request, job)
             except ClientGone:
                 return JSONResponse({}, status_code=499)
-            except GPTError as e:
+            except ValueError as e:
                 raise APIError(400, str(e)) from None
             choices = [{"text": (req.prompt_texts[i // req.n] if req.echo else "") + c.text, "index": i,
                         "logprobs": None, "finish_reason": c.finish_reason} for i, c in enumerate(outs)]

@@ -1,9 +1,9 @@
 """What both OpenAI-compatible servers (python -m gpt.serve, python -m glm_asr.serve) share, free
-of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, the one-model worker
-(a single thread fed by a bounded queue: one request runs at a time, so a result equals the CLI's),
-the upload limit checked while the body streams in, and running uvicorn with graceful SIGTERM.
+of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, the workers (Worker: one
+thread running one request's function at a time; EngineWorker: one thread stepping the engine,
+every request's rows joining its running batch), the upload limit checked while the body streams
+in, and running uvicorn with graceful SIGTERM.
 
-The batched engine (a later issue) replaces Worker: each server hands it one function per request.
 Needs fastapi, uvicorn, python-multipart and prometheus-client (dependencies of gpt and glm_asr).
 """
 from __future__ import annotations
@@ -124,6 +124,111 @@ class Worker:
         self._thread.join(timeout)
 
 
+class EngineJob(Job):
+    """One request's engine requests (runtime.Request, tagged by their row): the worker emits
+    (tag, text piece) as they come and sets the result to their Completions, in order."""
+
+    def __init__(self, requests: list, loop: asyncio.AbstractEventLoop | None = None):
+        super().__init__(lambda job: None, loop)
+        self.requests = requests
+
+
+class EngineWorker:
+    """The engine behind one thread: each job's requests join the running batch at the next step
+    and leave it as they finish (continuous batching), so concurrent requests share every decode
+    step, and each gets the tokens it gets alone (the engine's do not depend on the batch). Up to
+    max_batch + max_queue jobs are in flight (QueueFull beyond); a cancelled job's rows leave at
+    the next step, freeing their slots. stop() finishes what is in flight, then returns."""
+
+    def __init__(self, engine, max_queue: int, metrics: "Metrics"):
+        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self._inbox: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._live = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: EngineJob) -> EngineJob:
+        with self._lock:
+            if self._live >= self.engine.max_batch + self.max_queue:
+                raise QueueFull()
+            self._live += 1
+        self._inbox.put(job)
+        return job
+
+    def _done(self, job: EngineJob, error: BaseException | None = None) -> None:
+        if error is None:
+            job.future.set_result([r.out for r in job.requests])
+        else:
+            job.future.set_exception(error)
+        with self._lock:
+            self._live -= 1
+
+    def _admit(self, job: EngineJob, active: list, owner: dict) -> None:
+        if job.cancelled.is_set():
+            return self._done(job, ClientGone())
+        try:
+            for r in job.requests:
+                self.engine.check(r)
+        except ValueError as e:
+            return self._done(job, e)
+        for r in job.requests:
+            self.engine.add(r)
+            owner[id(r)] = job
+        active.append(job)
+
+    def _run(self) -> None:
+        active: list[EngineJob] = []
+        owner: dict[int, EngineJob] = {}
+        while True:
+            busy = self.engine.busy
+            try:
+                job = self._inbox.get(block=not busy, timeout=None if busy else 0.1)
+                while job is not None:
+                    self._admit(job, active, owner)
+                    job = self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            for job in [j for j in active if j.cancelled.is_set()]:
+                for r in job.requests:
+                    if not r.finished:
+                        self.engine.cancel(r)
+                active.remove(job)
+                self._done(job, ClientGone())
+            s = self.engine.scheduler
+            self.metrics.queue_depth.set(len(s.waiting))
+            if not self.engine.busy:
+                self.metrics.running.set(0)
+                if self._stopping.is_set() and self._inbox.empty():
+                    return
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - every request in flight fails with it, the worker goes on
+                for job in active:
+                    for r in job.requests:
+                        if not r.finished:
+                            self.engine.cancel(r)
+                    self._done(job, e)
+                active.clear()
+                continue
+            self.metrics.running.set(len(s.running))
+            for ev in events:
+                job = owner.get(id(ev.request))
+                if job is not None and ev.piece:
+                    job.emit((ev.request.tag, ev.piece))
+            for job in [j for j in active if all(r.finished for r in j.requests)]:
+                active.remove(job)
+                for r in job.requests:
+                    owner.pop(id(r), None)
+                self._done(job)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+
 async def wait(request: Request, job: Job, poll_s: float = 0.25):
     """The job's result; a client that disconnects first cancels it (ClientGone)."""
     fut = asyncio.wrap_future(job.future)
@@ -164,15 +269,16 @@ def _endpoint(request: Request) -> str:
 
 
 def make_app(title: str, model_id: str, metrics: Metrics, max_queue: int, api_key: str | None = None,
-             owned_by: str = "tilekernels") -> tuple[FastAPI, Callable[[], Worker]]:
+             owned_by: str = "tilekernels", engine=None) -> tuple[FastAPI, Callable[[], Worker]]:
     """A FastAPI app with /health, /metrics, /v1/models, OpenAI-shaped errors for every failure
-    (unknown routes included) and the api_key check on /v1/*; the worker starts with the app
-    and stops (after the running requests) when it shuts down. Returns (app, the worker)."""
-    state: dict[str, Worker] = {}
+    (unknown routes included) and the api_key check on /v1/*; the worker (an EngineWorker on
+    `engine` when given, else a Worker) starts with the app and stops (after the running
+    requests) when it shuts down. Returns (app, the worker)."""
+    state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        state["worker"] = Worker(max_queue, metrics)
+        state["worker"] = Worker(max_queue, metrics) if engine is None else EngineWorker(engine, max_queue, metrics)
         try:
             yield
         finally:
@@ -270,10 +376,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def submit(worker: Worker, fn: Callable[[Job], Any]) -> Job:
-    """A Job for fn on the worker; 503 when the queue is full."""
+def submit(worker, work) -> Job:
+    """A Job on the worker (fn for a Worker, the engine requests for an EngineWorker); 503 when
+    the queue is full."""
     try:
-        return worker.submit(Job(fn))
+        return worker.submit(Job(work) if callable(work) else EngineJob(work))
     except QueueFull:
         raise APIError(503, f"the server is busy: {worker.max_queue} requests already wait; retry later",
                        code="queue_full") from None
@@ -320,5 +427,6 @@ def positive(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
-__all__ = ["APIError", "ClientGone", "Job", "Metrics", "UploadTooLarge", "Worker", "check_model", "error_body",
+__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "UploadTooLarge", "Worker",
+           "check_model", "error_body",
            "error_response", "limited", "make_app", "new_id", "serve", "submit", "wait", "PlainTextResponse"]
