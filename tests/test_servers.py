@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -352,6 +353,32 @@ def test_asr_concurrent(asr_server, tiny):
     assert not errors and got == [want] * 16
     status, text = get(asr_server.url("/metrics"))
     assert "glm_asr_audio_seconds_total" in text
+
+
+def test_asr_requests_share_the_pipeline(request, tiny, sounds, tmp_path_factory):
+    """Concurrent uploads are in flight in the one pipeline together (their windows share the
+    encoder batches and the engine): the running gauge counts them, where one request at a time
+    would never pass 1; every one completes with the same text."""
+    s = start(request, "glm_asr.serve", [f"model.path={tiny}", "served_model_name=tinyasr", "vad=none"],
+              tmp_path_factory.mktemp("asr_share"))
+    texts, peak = [None] * 4, [0.0]
+
+    def one(i):
+        with open(sounds / "long.flac", "rb") as f:
+            texts[i] = s.client().audio.transcriptions.create(model="tinyasr", file=f).text
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        _, text = get(s.url("/metrics"))
+        m = re.search(r"^glm_asr_running_batch_size ([0-9.]+)$", text, re.M)
+        peak[0] = max(peak[0], float(m.group(1)) if m else 0.0)
+        time.sleep(0.02)
+    for t in threads:
+        t.join(120)
+    assert None not in texts and len(set(texts)) == 1
+    assert peak[0] >= 2
 
 
 def test_asr_sigterm_drains(request, tiny, sounds, tmp_path_factory):

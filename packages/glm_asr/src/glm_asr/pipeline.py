@@ -32,6 +32,7 @@ MAX_BATCH = 64             # windows decoding at once
 READERS = 4                # files read at once (CPU threads)
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
+_END = object()             # a source iterator's end
 
 
 def decode(engine: Engine, ids: list[int], audio_embeds, max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
@@ -88,12 +89,14 @@ class Transcriber:
         check_length(self.model, len(ids), max_new_tokens)
         self.engine.check(Request(ids, max_new_tokens))
 
-    def transcribe_many(self, sources: Iterable[tuple[str, Callable]], instruction: str, max_new_tokens: int,
-                        progress=None, vad: VadOptions | None = None,
-                        ignore_eos: bool = False) -> Iterator[tuple[str, list[dict] | Exception, float]]:
+    def transcribe_many(self, sources: Iterable[tuple[str, Callable] | None], instruction: str, max_new_tokens: int,
+                        progress=None, vad: VadOptions | None = None, ignore_eos: bool = False,
+                        in_order: bool = True) -> Iterator[tuple[str, list[dict] | Exception, float]]:
         """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
-        as it and those before it are done; open() returns an Audio or samples. A source that
-        cannot be read gives (name, the exception, 0) and the others go on. progress: update(seconds) per window."""
+        as it and those before it are done (in_order False: as soon as it is done); open() returns
+        an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
+        others go on. progress: update(seconds) per window. A live source (a server's) may yield
+        None for "nothing new yet": the work in flight goes on and the source is asked again."""
         files: list[_File] = []
         windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
         sources = iter(sources)
@@ -132,9 +135,11 @@ class Transcriber:
         try:
             while True:
                 while not exhausted and len(files) - done_before < max(LOOKAHEAD, 2 * self.engine.max_batch):
-                    item = next(sources, None)
-                    if item is None:
+                    item = next(sources, _END)
+                    if item is _END:
                         exhausted = True
+                    elif item is None:          # a live source with nothing new yet
+                        break
                     else:
                         files.append(_File(item[0]))
                         pool.submit(read, len(files) - 1, item[1])
@@ -147,7 +152,7 @@ class Transcriber:
                 idle = not e.busy and not group
                 while len(group) < min(self.encoder_batch, max(room, 1)):
                     try:
-                        index, n, w = windows.get(block=idle)
+                        index, n, w = windows.get(block=idle, timeout=0.1)
                     except queue.Empty:
                         break
                     idle = False
@@ -171,11 +176,17 @@ class Transcriber:
                             files[index].texts[n] = ev.request.out.tokens
                             if progress is not None:
                                 progress.update(w.end_s - w.start_s)
-                while done_before < len(files) and files[done_before].complete:
+                for i in range(done_before, len(files) if not in_order else done_before):
+                    f = files[i]
+                    if f is not None and f.complete:
+                        files[i] = None
+                        yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
+                while done_before < len(files) and (files[done_before] is None or files[done_before].complete):
                     f = files[done_before]
                     files[done_before] = None
                     done_before += 1
-                    yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
+                    if f is not None:
+                        yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
         finally:
             stop.set()                          # readers give up within 0.1 s
             pool.shutdown(wait=True, cancel_futures=True)

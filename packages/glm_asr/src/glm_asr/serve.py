@@ -8,16 +8,20 @@ verbose_json, temperature (only 0), language and prompt (accepted and ignored: O
 style/context hint, not our instruction; the instruction is the server's `prompt` option)), GET
 /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
-for the same file and options. One model runs one request at a time (Worker); `transcribe` is the
-one model call. Uploads stream to a temporary file (limit max_upload_mb, checked as they come),
-deleted when the request ends.
+for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
+Transcriber.transcribe_many over the uploads as they come), so the windows of all requests in
+flight are encoded and decoded together on the engine. Uploads stream to a temporary file (limit
+max_upload_mb, checked as they come), deleted when the request ends.
 """
 from __future__ import annotations
 
+import itertools
 import os
+import queue
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,10 +32,10 @@ from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device, set_precision
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
-from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, UploadTooLarge, check_model, limited,
-                                        make_app, serve, submit, wait)
+from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, QueueFull, UploadTooLarge, check_model,
+                                        limited, make_app, serve, submit, wait)
 
-from .api import ASRError, SpeechRecognizer, Transcript, vad_settings
+from .api import ASRError, Segment, SpeechRecognizer, Transcript, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
 from .pipeline import Transcriber
@@ -42,14 +46,78 @@ CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subr
                  "vtt": "text/vtt; charset=utf-8"}
 
 
-def transcribe(asr: SpeechRecognizer, path: str, name: str, o: dict, cancelled=lambda: False) -> Transcript:
-    """The model call: one uploaded file, as python -m glm_asr.transcribe runs it (same options)."""
-    if cancelled():
-        raise ClientGone()
-    r = asr.transcribe(path, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"], audio_stream=o["audio_stream"],
-                       vad=o["vad"], vad_options=o["vad_options"])
-    r.source = name
-    return r
+class SharedPipeline:
+    """One Transcriber.transcribe_many over every upload as it arrives (a live source), results
+    handed back as each file completes: the windows of all requests in flight share the encoder
+    batches and the engine's decode steps, and each file's text is the CLI's (the engine's tokens
+    do not depend on the batch). Up to 1 + max_queue requests are in flight (QueueFull beyond); a
+    request whose client has gone before its file is read is dropped. stop() lets the files in
+    flight finish, then returns."""
+
+    def __init__(self, asr: SpeechRecognizer, o: dict, metrics: Metrics):
+        self.asr, self.o, self.metrics = asr, o, metrics
+        self.max_queue = o["max_queue"]
+        self._inbox: queue.Queue = queue.Queue()
+        self._jobs: dict[str, Job] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._live = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="asr-pipeline", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> Job:
+        """job.source: (name, opener) of its upload."""
+        with self._lock:
+            if self._live >= self.max_queue + 1:
+                raise QueueFull()
+            self._live += 1
+            self.metrics.queue_depth.set(self._inbox.qsize() + 1)
+        self._inbox.put(job)
+        return job
+
+    def _done(self, job: Job, result=None, error: BaseException | None = None) -> None:
+        if error is None:
+            job.future.set_result(result)
+        else:
+            job.future.set_exception(error)
+        with self._lock:
+            self._live -= 1
+            self.metrics.running.set(len(self._jobs))
+
+    def _sources(self):
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                if self._stopping.is_set():
+                    return
+                yield None
+                continue
+            self.metrics.queue_depth.set(self._inbox.qsize())
+            if job.cancelled.is_set():
+                self._done(job, error=ClientGone())
+                continue
+            key = str(next(self._ids))
+            self._jobs[key] = job
+            self.metrics.running.set(len(self._jobs))
+            yield key, job.source[1]
+
+    def _run(self) -> None:
+        o = self.o
+        vad = vad_settings(o["vad"], o["vad_options"])
+        results = self.asr.transcriber.transcribe_many(self._sources(), o["prompt"], o["max_new_tokens"], vad=vad,
+                                                       in_order=False)
+        for key, result, seconds in results:
+            job = self._jobs.pop(key)
+            if isinstance(result, BaseException):
+                self._done(job, error=ASRError(str(result)))
+            else:
+                self._done(job, Transcript(job.source[0], [Segment(**s) for s in result], seconds=seconds))
+
+    def stop(self, timeout: float = 120.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
 
 
 def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
@@ -76,7 +144,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
     metrics = Metrics("glm_asr")
     audio_seconds = metrics.add_counter("audio_seconds", "seconds of audio transcribed")
-    app, worker = make_app("glm_asr", model_id, metrics, o["max_queue"], cfg.get("api_key") or None)
+    app, worker = make_app("glm_asr", model_id, metrics, o["max_queue"], cfg.get("api_key") or None,
+                           worker=lambda: SharedPipeline(asr, o, metrics))
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -132,13 +201,11 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         except AudioError as e:
             raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
 
-        def run(job: Job) -> Transcript:
-            r = transcribe(asr, path, name, o, job.cancelled.is_set)
-            if seconds:
-                audio_seconds.inc(seconds)
-            return r
-
-        job = submit(worker(), run)
+        job = Job(lambda j: None)
+        job.source = (name, lambda: Audio(path, o["audio_stream"], name=name))
+        job = submit(worker(), job)
+        if seconds:
+            job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(seconds))
         try:
             r = await wait(request, job)
         except ClientGone:

@@ -137,8 +137,8 @@ class EngineWorker:
     """The engine behind one thread: each job's requests join the running batch at the next step
     and leave it as they finish (continuous batching), so concurrent requests share every decode
     step, and each gets the tokens it gets alone (the engine's do not depend on the batch). Up to
-    max_batch + max_queue jobs are in flight (QueueFull beyond); a cancelled job's rows leave at
-    the next step, freeing their slots. stop() finishes what is in flight, then returns."""
+    1 + max_queue jobs are in flight (QueueFull beyond); a cancelled job's rows leave at the next
+    step, freeing their slots. stop() finishes what is in flight, then returns."""
 
     def __init__(self, engine, max_queue: int, metrics: "Metrics"):
         self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
@@ -151,7 +151,7 @@ class EngineWorker:
 
     def submit(self, job: EngineJob) -> EngineJob:
         with self._lock:
-            if self._live >= self.engine.max_batch + self.max_queue:
+            if self._live >= self.max_queue + 1:
                 raise QueueFull()
             self._live += 1
         self._inbox.put(job)
@@ -269,16 +269,16 @@ def _endpoint(request: Request) -> str:
 
 
 def make_app(title: str, model_id: str, metrics: Metrics, max_queue: int, api_key: str | None = None,
-             owned_by: str = "tilekernels", engine=None) -> tuple[FastAPI, Callable[[], Worker]]:
+             owned_by: str = "tilekernels", worker: Callable[[], Any] | None = None) -> tuple[FastAPI, Callable]:
     """A FastAPI app with /health, /metrics, /v1/models, OpenAI-shaped errors for every failure
-    (unknown routes included) and the api_key check on /v1/*; the worker (an EngineWorker on
-    `engine` when given, else a Worker) starts with the app and stops (after the running
-    requests) when it shuts down. Returns (app, the worker)."""
+    (unknown routes included) and the api_key check on /v1/*; the worker (worker() when given,
+    e.g. an EngineWorker, else a Worker) starts with the app and stops (after the requests in
+    flight) when it shuts down. Returns (app, the worker)."""
     state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        state["worker"] = Worker(max_queue, metrics) if engine is None else EngineWorker(engine, max_queue, metrics)
+        state["worker"] = worker() if worker is not None else Worker(max_queue, metrics)
         try:
             yield
         finally:
@@ -377,10 +377,10 @@ def new_id(prefix: str) -> str:
 
 
 def submit(worker, work) -> Job:
-    """A Job on the worker (fn for a Worker, the engine requests for an EngineWorker); 503 when
-    the queue is full."""
+    """A Job on the worker (a Job, fn for a Worker, or the engine requests for an EngineWorker);
+    503 when the queue is full."""
     try:
-        return worker.submit(Job(work) if callable(work) else EngineJob(work))
+        return worker.submit(work if isinstance(work, Job) else Job(work) if callable(work) else EngineJob(work))
     except QueueFull:
         raise APIError(503, f"the server is busy: {worker.max_queue} requests already wait; retry later",
                        code="queue_full") from None
