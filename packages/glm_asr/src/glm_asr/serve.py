@@ -144,8 +144,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
     metrics = Metrics("glm_asr")
     audio_seconds = metrics.add_counter("audio_seconds", "seconds of audio transcribed")
-    app, worker = make_app("glm_asr", model_id, metrics, o["max_queue"], cfg.get("api_key") or None,
-                           worker=lambda: SharedPipeline(asr, o, metrics))
+    app, worker = make_app("glm_asr", model_id, metrics, lambda: SharedPipeline(asr, o, metrics),
+                           cfg.get("api_key") or None)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -201,7 +201,7 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         except AudioError as e:
             raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
 
-        job = Job(lambda j: None)
+        job = Job()
         job.source = (name, lambda: Audio(path, o["audio_stream"], name=name))
         job = submit(worker(), job)
         if seconds:

@@ -27,8 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from tilekernels.runtime import Completion, check_length, from_model_config, requests
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 
-from tilekernels.runtime.server import (APIError, ClientGone, EngineWorker, Job, Metrics, check_model, make_app,
-                                        new_id, serve, submit, wait)
+from tilekernels.runtime.server import (APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics, check_model,
+                                        make_app, new_id, serve, submit, wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
 from .api import GPTError, LanguageModel, load
@@ -146,8 +146,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
     engine = lm.engine(o["max_batch"])
-    app, worker = make_app("gpt", model_id, metrics, o["max_queue"], cfg.get("api_key") or None,
-                           worker=lambda: EngineWorker(engine, o["max_queue"], metrics))
+    app, worker = make_app("gpt", model_id, metrics, lambda: EngineWorker(engine, o["max_queue"], metrics),
+                           cfg.get("api_key") or None)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -159,8 +159,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         tokens_in.inc(req.prompt_tokens)
         rid, created = new_id("cmpl"), int(time.time())
 
-        job = submit(worker(), requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
-                                        lm.tokenizer))
+        job = submit(worker(), EngineJob(requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
+                                                  lm.tokenizer)))
         job.future.add_done_callback(
             lambda f: f.exception() or tokens_out.inc(sum(len(c.tokens) for c in f.result())))
         if not req.stream:

@@ -1,8 +1,8 @@
 """What both OpenAI-compatible servers (python -m gpt.serve, python -m glm_asr.serve) share, free
-of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, the workers (Worker: one
-thread running one request's function at a time; EngineWorker: one thread stepping the engine,
-every request's rows joining its running batch), the upload limit checked while the body streams
-in, and running uvicorn with graceful SIGTERM.
+of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, Job and EngineWorker
+(one thread stepping the engine, every request's rows joining its running batch; glm_asr.serve
+has a worker of its own around its pipeline), the upload limit checked while the body streams in,
+and running uvicorn with graceful SIGTERM.
 
 Needs fastapi, uvicorn, python-multipart and prometheus-client (dependencies of gpt and glm_asr).
 """
@@ -57,12 +57,12 @@ class ClientGone(Exception):
 
 
 class Job:
-    """One request's model call, run by the worker thread: fn(job) -> result. fn may call
-    job.emit(item) to stream items to the request (thread-safe) and should stop early once
-    job.cancelled is set (its client went away)."""
+    """One request's work for a worker thread: the worker sets future, may emit(item) to stream
+    items to the request (thread-safe) and drops or stops the work once cancelled is set (its
+    client went away)."""
 
-    def __init__(self, fn: Callable[["Job"], Any], loop: asyncio.AbstractEventLoop | None = None):
-        self.fn, self.future = fn, concurrent.futures.Future()
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
+        self.future = concurrent.futures.Future()
         self.cancelled = threading.Event()
         self.loop = loop or asyncio.get_running_loop()
         self.items: asyncio.Queue = asyncio.Queue()
@@ -74,62 +74,12 @@ class Job:
         self.cancelled.set()
 
 
-class Worker:
-    """One model behind one thread: jobs run one at a time in arrival order; at most max_queue
-    wait behind the running one (QueueFull beyond). A cancelled job that has not started is
-    dropped, so a client that disconnects frees its slot."""
-
-    def __init__(self, max_queue: int, metrics: "Metrics"):
-        self.max_queue, self.metrics = max_queue, metrics
-        self._q: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._waiting = self._running = 0
-        self._thread = threading.Thread(target=self._run, name="model-worker", daemon=True)
-        self._thread.start()
-
-    def submit(self, job: Job) -> Job:
-        with self._lock:
-            if self._waiting + self._running >= self.max_queue + 1:
-                raise QueueFull()
-            self._waiting += 1
-            self.metrics.queue_depth.set(self._waiting)
-        self._q.put(job)
-        return job
-
-    def _run(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            with self._lock:
-                self._waiting -= 1
-                self.metrics.queue_depth.set(self._waiting)
-                skip = job.cancelled.is_set()
-                self._running += 0 if skip else 1
-                self.metrics.running.set(self._running)
-            if skip:
-                job.future.set_exception(ClientGone())
-                continue
-            try:
-                job.future.set_result(job.fn(job))
-            except BaseException as e:  # noqa: BLE001 - handed to the request, the worker goes on
-                job.future.set_exception(e)
-            finally:
-                with self._lock:
-                    self._running -= 1
-                    self.metrics.running.set(self._running)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
-
-
 class EngineJob(Job):
     """One request's engine requests (runtime.Request, tagged by their row): the worker emits
     (tag, text piece) as they come and sets the result to their Completions, in order."""
 
     def __init__(self, requests: list, loop: asyncio.AbstractEventLoop | None = None):
-        super().__init__(lambda job: None, loop)
+        super().__init__(loop)
         self.requests = requests
 
 
@@ -268,17 +218,17 @@ def _endpoint(request: Request) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
-def make_app(title: str, model_id: str, metrics: Metrics, max_queue: int, api_key: str | None = None,
-             owned_by: str = "tilekernels", worker: Callable[[], Any] | None = None) -> tuple[FastAPI, Callable]:
+def make_app(title: str, model_id: str, metrics: Metrics, worker: Callable[[], Any], api_key: str | None = None,
+             owned_by: str = "tilekernels") -> tuple[FastAPI, Callable]:
     """A FastAPI app with /health, /metrics, /v1/models, OpenAI-shaped errors for every failure
-    (unknown routes included) and the api_key check on /v1/*; the worker (worker() when given,
-    e.g. an EngineWorker, else a Worker) starts with the app and stops (after the requests in
-    flight) when it shuts down. Returns (app, the worker)."""
+    (unknown routes included) and the api_key check on /v1/*; worker() (an EngineWorker, or the
+    model's own: submit(job), stop(), max_queue) starts with the app and stops (after the requests
+    in flight) when it shuts down. Returns (app, the worker)."""
     state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        state["worker"] = worker() if worker is not None else Worker(max_queue, metrics)
+        state["worker"] = worker()
         try:
             yield
         finally:
@@ -376,11 +326,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def submit(worker, work) -> Job:
-    """A Job on the worker (a Job, fn for a Worker, or the engine requests for an EngineWorker);
-    503 when the queue is full."""
+def submit(worker, job: Job) -> Job:
+    """The job on the worker; 503 when the queue is full."""
     try:
-        return worker.submit(work if isinstance(work, Job) else Job(work) if callable(work) else EngineJob(work))
+        return worker.submit(job)
     except QueueFull:
         raise APIError(503, f"the server is busy: {worker.max_queue} requests already wait; retry later",
                        code="queue_full") from None
@@ -427,6 +376,6 @@ def positive(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
-__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "UploadTooLarge", "Worker",
+__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "QueueFull", "UploadTooLarge",
            "check_model", "error_body",
            "error_response", "limited", "make_app", "new_id", "serve", "submit", "wait", "PlainTextResponse"]
