@@ -21,7 +21,6 @@ import queue
 import re
 import shutil
 import tempfile
-import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device, set_precision
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
-from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, QueueFull, UploadTooLarge, check_model,
+from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, ThreadWorker, UploadTooLarge, check_model,
                                         limited, make_app, serve, submit, wait)
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, vad_settings
@@ -46,44 +45,28 @@ CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subr
                  "vtt": "text/vtt; charset=utf-8"}
 
 
-class SharedPipeline:
+class SharedPipeline(ThreadWorker):
     """One Transcriber.transcribe_many over every upload as it arrives (a live source), results
     handed back as each file completes: the windows of all requests in flight share the encoder
     batches and the engine's decode steps, and each file's text is the CLI's (the engine's tokens
-    do not depend on the batch). Up to 1 + max_queue requests are in flight (QueueFull beyond); a
-    request whose client has gone before its file is read is dropped. stop() lets the files in
-    flight finish, then returns."""
+    do not depend on the batch). A request whose client has gone before its file is read is
+    dropped."""
 
     def __init__(self, asr: SpeechRecognizer, o: dict, metrics: Metrics):
-        self.asr, self.o, self.metrics = asr, o, metrics
-        self.max_queue = o["max_queue"]
-        self._inbox: queue.Queue = queue.Queue()
+        self.asr, self.o = asr, o
         self._jobs: dict[str, Job] = {}
         self._ids = itertools.count()
-        self._lock = threading.Lock()
-        self._live = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="asr-pipeline", daemon=True)
-        self._thread.start()
+        super().__init__(o["max_queue"], metrics, "asr-pipeline")
 
     def submit(self, job: Job) -> Job:
         """job.source: (name, opener) of its upload."""
-        with self._lock:
-            if self._live >= self.max_queue + 1:
-                raise QueueFull()
-            self._live += 1
-            self.metrics.queue_depth.set(self._inbox.qsize() + 1)
-        self._inbox.put(job)
+        super().submit(job)
+        self.metrics.queue_depth.set(self._inbox.qsize())
         return job
 
     def _done(self, job: Job, result=None, error: BaseException | None = None) -> None:
-        if error is None:
-            job.future.set_result(result)
-        else:
-            job.future.set_exception(error)
-        with self._lock:
-            self._live -= 1
-            self.metrics.running.set(len(self._jobs))
+        super()._done(job, result, error)
+        self.metrics.running.set(len(self._jobs))
 
     def _sources(self):
         while True:
@@ -114,10 +97,6 @@ class SharedPipeline:
                 self._done(job, error=ASRError(str(result)))
             else:
                 self._done(job, Transcript(job.source[0], [Segment(**s) for s in result], seconds=seconds))
-
-    def stop(self, timeout: float = 120.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout)
 
 
 def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):

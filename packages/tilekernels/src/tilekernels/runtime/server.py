@@ -83,23 +83,21 @@ class EngineJob(Job):
         self.requests = requests
 
 
-class EngineWorker:
-    """The engine behind one thread: each job's requests join the running batch at the next step
-    and leave it as they finish (continuous batching), so concurrent requests share every decode
-    step, and each gets the tokens it gets alone (the engine's do not depend on the batch). Up to
-    1 + max_queue jobs are in flight (QueueFull beyond); a cancelled job's rows leave at the next
-    step, freeing their slots. stop() finishes what is in flight, then returns."""
+class ThreadWorker:
+    """A model's thread fed by an inbox of jobs: up to 1 + max_queue jobs in flight (QueueFull
+    beyond), each finished by _done; stop() lets those in flight finish, then returns. Subclasses
+    set their own state, then call this __init__ (which starts _run)."""
 
-    def __init__(self, engine, max_queue: int, metrics: "Metrics"):
-        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+    def __init__(self, max_queue: int, metrics: "Metrics", name: str):
+        self.max_queue, self.metrics = max_queue, metrics
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._live = 0
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: EngineJob) -> EngineJob:
+    def submit(self, job: Job) -> Job:
         with self._lock:
             if self._live >= self.max_queue + 1:
                 raise QueueFull()
@@ -107,22 +105,43 @@ class EngineWorker:
         self._inbox.put(job)
         return job
 
-    def _done(self, job: EngineJob, error: BaseException | None = None) -> None:
+    def _done(self, job: Job, result=None, error: BaseException | None = None) -> None:
         if error is None:
-            job.future.set_result([r.out for r in job.requests])
+            job.future.set_result(result)
         else:
             job.future.set_exception(error)
         with self._lock:
             self._live -= 1
 
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 120.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout)
+
+
+class EngineWorker(ThreadWorker):
+    """The engine behind one thread: each job's requests join the running batch at the next step
+    and leave it as they finish (continuous batching), so concurrent requests share every decode
+    step, and each gets the tokens it gets alone (the engine's do not depend on the batch). A
+    cancelled job's rows leave at the next step, freeing their slots."""
+
+    def __init__(self, engine, max_queue: int, metrics: "Metrics"):
+        self.engine = engine
+        super().__init__(max_queue, metrics, "engine-worker")
+
+    def _done(self, job: EngineJob, result=None, error: BaseException | None = None) -> None:
+        super()._done(job, None if error is not None else [r.out for r in job.requests], error)
+
     def _admit(self, job: EngineJob, active: list, owner: dict) -> None:
         if job.cancelled.is_set():
-            return self._done(job, ClientGone())
+            return self._done(job, error=ClientGone())
         try:
             for r in job.requests:
                 self.engine.check(r)
         except ValueError as e:
-            return self._done(job, e)
+            return self._done(job, error=e)
         for r in job.requests:
             self.engine.add(r)
             owner[id(r)] = job
@@ -145,7 +164,7 @@ class EngineWorker:
                     if not r.finished:
                         self.engine.cancel(r)
                 active.remove(job)
-                self._done(job, ClientGone())
+                self._done(job, error=ClientGone())
             s = self.engine.scheduler
             self.metrics.queue_depth.set(len(s.waiting))
             if not self.engine.busy:
@@ -160,7 +179,7 @@ class EngineWorker:
                     for r in job.requests:
                         if not r.finished:
                             self.engine.cancel(r)
-                    self._done(job, e)
+                    self._done(job, error=e)
                 active.clear()
                 continue
             self.metrics.running.set(len(s.running))
@@ -173,11 +192,6 @@ class EngineWorker:
                 for r in job.requests:
                     owner.pop(id(r), None)
                 self._done(job)
-
-    def stop(self, timeout: float = 60.0) -> None:
-        self._stopping.set()
-        self._thread.join(timeout)
-
 
 async def wait(request: Request, job: Job, poll_s: float = 0.25):
     """The job's result; a client that disconnects first cancels it (ClientGone)."""
@@ -376,6 +390,7 @@ def positive(name: str, value, *, minimum: int = 0) -> int:
     return value
 
 
-__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "QueueFull", "UploadTooLarge",
+__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "QueueFull", "ThreadWorker",
+           "UploadTooLarge",
            "check_model", "error_body",
            "error_response", "limited", "make_app", "new_id", "serve", "submit", "wait", "PlainTextResponse"]
