@@ -97,6 +97,9 @@ def test_a_request_that_cannot_fit_fails_alone(ckpt):
         engine.add(Request(list(range(100)), 40))
     with pytest.raises(ValueError, match="empty prompt"):
         engine.add(Request([], 4))
+    for bad in (0, 129):
+        with pytest.raises(ValueError, match="max_batch must be 1 to 128"):
+            Engine(model, bad)
     while engine.busy:
         engine.step()
     assert ok.finished and len(ok.out.tokens) >= 1

@@ -15,7 +15,7 @@ import numpy as np
 from .device import device_stream
 from .graphs import CHAIN
 from .protocol import DecoderModel
-from .runner import ModelRunner
+from .runner import BUCKETS, ModelRunner
 from .scheduler import Scheduler
 from .sequence import Request
 
@@ -50,8 +50,8 @@ class Engine:
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
                  prefill_tokens: int = PREFILL_TOKENS, kv_dtype=np.float32):
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not 1 <= max_batch <= BUCKETS[-1]:     # past the last bucket a step's products would change kernel
+            raise ValueError(f"max_batch must be 1 to {BUCKETS[-1]}, got {max_batch}")
         self.model, self.max_batch = model, max_batch
         self.capacity = capacity or min(CAPACITY, model.max_positions)
         with device_stream(model.xp):
