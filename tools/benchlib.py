@@ -40,38 +40,6 @@ def versions() -> dict:
     return out
 
 
-def random_gpt2():
-    """gpt2 (124M) with transformers' random initialisation (torch's current seed), saved in the
-    Hugging Face layout and loaded on the GPU by our loader."""
-    import tempfile
-
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from gpt.model import GPT
-
-    with tempfile.TemporaryDirectory() as tmp:
-        GPT2LMHeadModel(GPT2Config()).save_pretrained(tmp)
-        return GPT.load(Path(tmp), "gpu")
-
-
-def prompted_decoder(model, batch: int, prompt: int, capacity: int, sampler=None):
-    """(DecodeGraph, its cache, the prompt ids (batch, prompt), the prompt's logits): a cache of
-    `capacity` positions holding a random prompt (seed 0), as the decode timings start from,
-    its tokens picked by sampler (greedy by default; started here on the prompt, its draws
-    from seed 0). Call it under the non-default stream the decoder will run on."""
-    import cupy
-    import numpy as np
-
-    from tilekernels.runtime import DecodeGraph
-
-    ids = np.random.default_rng(0).integers(0, 50257, (batch, prompt))
-    cache = model.new_cache(batch, capacity)
-    logits = model.forward(cupy.asarray(ids), cupy.arange(prompt)[None].repeat(batch, 0), cache)
-    decode = DecodeGraph(model.embedding_tables, lambda x: model.step(x, cache), cache, sampler)
-    decode.sampler.start(ids.tolist(), 0)
-    return decode, cache, ids, logits
-
-
 def synthetic_speechlike(seconds: float, seed: int = 0):
     """Harmonic tones with a syllable-rate envelope and noise: deterministic, non-trivial audio
     (16 kHz float32 samples)."""
