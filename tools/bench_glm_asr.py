@@ -32,7 +32,7 @@ import cupy
 import numpy as np
 
 from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, synthetic_speechlike,
-                      versions, write_result)
+                      versions, word_tokenizer, write_result)
 
 NEW = 64
 OURS = {"system": "tile-inference", "model": "glm-asr-nano"}
@@ -44,21 +44,6 @@ def sync():
 
     cupy.cuda.Device().synchronize()
     torch.cuda.synchronize()
-
-
-def word_tokenizer(directory: Path, cfg) -> None:
-    """tokenizer.json: GLM-ASR's special tokens at the config's ids and some words, so the
-    pipeline's prompts encode as on the hub (the decoded text of random weights is noise)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    special = {"<|user|>": 59253, "<|assistant|>": 59254, "<|begin_of_audio|>": 59256, "<|end_of_audio|>": 59257,
-               "<|pad|>": cfg.audio_token_id, "<|endoftext|>": 59246}
-    words = "Please transcribe this audio into text . \n [UNK]".split(" ")
-    vocab = {w: i + 100 for i, w in enumerate(words)} | special
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(list(special))
-    tok.save(str(directory / "tokenizer.json"))
 
 
 def transcribe(asr, audios: list, vad=None) -> tuple[float, int]:

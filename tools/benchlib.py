@@ -1,6 +1,6 @@
 """Shared pieces of the GPU benchmark, parity and profiling tools: timing, versions, result
-files, and the random models and inputs more than one tool builds (tools import nothing from
-each other, only this module). Heavy imports (cupy, torch, transformers) happen inside the
+files, and the random models, checkpoints and inputs more than one tool builds (tools import
+nothing from each other, only this module; it reaches the tests' checkpoint makers). Heavy imports (cupy, torch, transformers) happen inside the
 functions, so every tool's --help works on a machine without them."""
 from __future__ import annotations
 
@@ -84,6 +84,41 @@ def random_glm_asr_checkpoint(directory: str, weights: str):
         state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
     hf.save_pretrained(directory, state_dict=state, safe_serialization=True)
     return hf, GlmAsr.load(Path(directory), "gpu")
+
+
+def word_tokenizer(directory: Path, cfg) -> None:
+    """tokenizer.json: GLM-ASR's special tokens at the config's ids and some words, so the
+    pipeline's prompts encode as on the hub (the decoded text of random weights is noise)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    special = {"<|user|>": 59253, "<|assistant|>": 59254, "<|begin_of_audio|>": 59256, "<|end_of_audio|>": 59257,
+               "<|pad|>": cfg.audio_token_id, "<|endoftext|>": 59246}
+    words = "Please transcribe this audio into text . \n [UNK]".split(" ")
+    vocab = {w: i + 100 for i, w in enumerate(words)} | special
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(special))
+    tok.save(str(directory / "tokenizer.json"))
+
+
+def served_checkpoint(kind: str, directory: Path, small: bool = False) -> None:
+    """A checkpoint a server loads, written to directory: 'gpt' (gpt2 124M, seeded random weights,
+    a tokenizer trained here: tests/gpt2/checkpoints.py) or 'asr' (GLM-ASR-Nano as
+    random_glm_asr_checkpoint writes it, with word_tokenizer); small: the tests' tiny ones."""
+    if kind == "gpt":
+        sys.path.insert(0, str(ROOT / "tests" / "gpt2"))
+        from checkpoints import make_gpt2
+
+        size = {} if small else dict(n_embd=768, n_head=12, n_layer=12, n_positions=1024, vocab=50257)
+        make_gpt2(directory, **size)
+    elif small:
+        sys.path.insert(0, str(ROOT / "tools"))
+        from make_tiny_glm_asr import make
+
+        make(directory)
+    else:
+        hf, _ = random_glm_asr_checkpoint(str(directory), "bf16")
+        word_tokenizer(directory, hf.config)
 
 
 def rand(*shape):

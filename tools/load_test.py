@@ -34,8 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "gpt2"))
+from benchlib import gpu_name, served_checkpoint, synthetic_speechlike, versions, write_result
 
 
 def free_port() -> int:
@@ -143,28 +142,6 @@ def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
     return row
 
 
-def gpt_checkpoint(directory: Path, small: bool) -> None:
-    from checkpoints import make_gpt2
-
-    if small:
-        make_gpt2(directory)
-    else:
-        make_gpt2(directory, n_embd=768, n_head=12, n_layer=12, n_positions=1024, vocab=50257)
-
-
-def asr_checkpoint(directory: Path, small: bool) -> None:
-    if small:
-        from make_tiny_glm_asr import make
-
-        make(directory)
-        return
-    from bench_glm_asr import word_tokenizer
-    from benchlib import random_glm_asr_checkpoint
-
-    hf, _ = random_glm_asr_checkpoint(str(directory), "bf16")
-    word_tokenizer(directory, hf.config)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -173,7 +150,6 @@ def main() -> None:
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints (a smoke run on any host)")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "tools"))
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,15 +157,14 @@ def main() -> None:
         for kind in args.kind.split(","):
             ckpt = tmp / kind
             if kind == "gpt":
-                gpt_checkpoint(ckpt, args.small)
+                served_checkpoint("gpt", ckpt, args.small)
                 module, extra = "gpt.serve", ["served_model_name=gpt2", f"max_batch={max(levels)}", "stop=[]"]
                 rng = np.random.default_rng(0)
                 payload = rng.integers(0, 300 if args.small else 50257, 32 if args.small else 128).tolist()
             else:
-                asr_checkpoint(ckpt, args.small)
+                served_checkpoint("asr", ckpt, args.small)
                 module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64", "vad=none"]
                 import soundfile as sf
-                from benchlib import synthetic_speechlike
 
                 buf = io.BytesIO()
                 sf.write(buf, synthetic_speechlike(30.0), 16000, format="FLAC")
@@ -205,8 +180,6 @@ def main() -> None:
                 stop(proc)
     if args.small:
         return
-    from benchlib import gpu_name, versions, write_result
-
     write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
 
 
