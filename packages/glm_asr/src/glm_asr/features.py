@@ -81,7 +81,8 @@ class Window:
 def stream_windows(blocks: Iterable[np.ndarray], n_mels: int = 128, xp=np, offset_s: float = 0.0) -> Iterator[Window]:
     """Non-overlapping 30 s windows with their features (computed with xp: cupy puts them on the
     GPU; None leaves the samples, for featurize later) from samples arriving in blocks of any
-    size; times in the file's time (offset_s: that of the first sample). A too-short tail is dropped; audio with no window at all is an AudioError."""
+    size; times in the file's time (offset_s: that of the first sample). A too-short tail is
+    dropped; audio with no window at all is an AudioError."""
     buf, start, made = np.zeros(0, np.float32), 0, False
     blocks = iter(blocks)
     while True:
