@@ -85,7 +85,7 @@ class DecodeGraph:
     def _warm(self) -> None:
         """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
         it replay slower however often they run themselves: gpt2's chains 258 against 245 us a
-        token on an H100 (bench_gpt 3,846 -> 4,083 tok/s, gpt-h100.json). One replay of it ends that for good;
+        token on an H100 (bench_gpt 3,846 -> 4,083 tok/s, gpt-h100.json at 70d8217). One replay of it ends that for good;
         a replay of another graph or eager steps do not; without graph.upload the chains are
         fast from the start, but each graph's first replay pays its upload (decode-state-gpt2-
         b1-h100.json at 4f7986f, tools/decode_state.py at 4f7986f; why, inside the driver, is not known). The replay
