@@ -34,7 +34,7 @@ from ._reduce import sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode
-from .weights import BF16, WEIGHT_DTYPES, bf16, f32, like, to_bf16, widen
+from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, result_dtype, to_bf16, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -361,8 +361,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     n = weight.shape[0] // 2 if glu else weight.shape[0]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    y = cupy.empty((m, n), dtype=cupy.float32) if out_dtype == np.float32 else \
-        cupy.empty((m, n), dtype=cupy.uint16).view(BF16)
+    y = empty(cupy, (m, n), out_dtype)
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
@@ -430,8 +429,7 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     act = SILU if glu else activation_code(activation)
     check("x", x, ndim=tuple(range(1, 8)), dtype=WEIGHT_DTYPES)
     check("weight", weight, shape=(None, x.shape[-1]), dtype=WEIGHT_DTYPES)
-    if np.dtype(out_dtype) not in WEIGHT_DTYPES:
-        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(out_dtype)}")
+    out_dtype = result_dtype(out_dtype)
     n = weight.shape[0]
     if glu:
         if n % 2:
@@ -449,4 +447,4 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
         check("residual", residual, shape=(*x.shape[:-1], n))
     if kind == "numpy":
         return linear_reference(x, weight, bias, activation, norm, residual, out_dtype)
-    return _linear_cupy(x, weight, bias, act, glu, norm, residual, np.dtype(out_dtype))
+    return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype)

@@ -14,7 +14,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
-from .weights import BF16, KV_DTYPES, like
+from .weights import empty, like, result_dtype
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -74,8 +74,7 @@ def _norm_cupy(x, weight, bias, eps, rms, out_dtype):
 
     n = x.shape[-1]
     x2 = x.reshape(-1, n)
-    y = cupy.empty(x2.shape, np.float32) if np.dtype(out_dtype) == np.float32 else \
-        cupy.empty(x2.shape, np.uint16).view(BF16)
+    y = empty(cupy, x2.shape, out_dtype)
     rows, tile_n = norm_config(n)
     grid = ((x2.shape[0] + rows - 1) // rows, 1, 1)
     w = x2 if weight is None else weight
@@ -87,8 +86,7 @@ def _norm_cupy(x, weight, bias, eps, rms, out_dtype):
 # ---------------------------------------------------------------- public ops
 def _validate(x, weight, bias, out_dtype):
     kind = backend(x=x, weight=weight, bias=bias)
-    if np.dtype(out_dtype) not in KV_DTYPES:
-        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(out_dtype)}")
+    result_dtype(out_dtype)
     check("x", x, ndim=tuple(range(1, 8)))
     n = x.shape[-1]
     if n > MAX_DIM:

@@ -38,6 +38,18 @@ def widen(a: Any) -> Any:
     return a.astype(np.float32) if a.dtype == BF16 else a
 
 
+def result_dtype(dtype) -> np.dtype:
+    """dtype as an op's out_dtype: float32 or bfloat16 (ValueError for any other)."""
+    if np.dtype(dtype) not in WEIGHT_DTYPES:
+        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(dtype)}")
+    return np.dtype(dtype)
+
+
+def empty(xp, shape, dtype=np.float32) -> Any:
+    """An uninitialised float32 or bfloat16 array (cupy has no bfloat16: its uint16 bits, viewed)."""
+    return xp.empty(shape, np.uint16).view(BF16) if np.dtype(dtype) == BF16 else xp.empty(shape, dtype)
+
+
 def to_bf16(a: Any) -> Any:
     """A float32 array rounded to bfloat16 (nearest even), as the kernels' narrow stores round."""
     xp = array_module(a)
@@ -47,7 +59,7 @@ def to_bf16(a: Any) -> Any:
         return a.astype(BF16)
     from .activations import NONE, _activation_cupy      # one elementwise kernel storing bfloat16
 
-    out = xp.empty(a.shape, xp.uint16).view(BF16)
+    out = empty(xp, a.shape, BF16)
     return _activation_cupy(xp.ascontiguousarray(a, dtype=np.float32), None, NONE, out)
 
 
