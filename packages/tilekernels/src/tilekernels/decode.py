@@ -130,22 +130,31 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
             ct.store(PM, index=(b, kvh, chunk, 0), tile=ct.reshape(m, (1, 1, 1, TILE_G)), allow_tma=False)
             ct.store(PL, index=(b, kvh, chunk, 0), tile=ct.reshape(l, (1, 1, 1, TILE_G)), allow_tma=False)
             if last_in_group(C, bh, last - first + 1):
+                own_m, own_l, own_acc = m, l, acc
                 m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
                 l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
                 acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
                 for s_ in range(first, last + 1):       # in chunk order: the same sum on every run
-                    ms = ct.reshape(ct.load(PM, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G), allow_tma=False),
-                                    (TILE_G, 1))
-                    ls = ct.reshape(ct.load(PL, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G), allow_tma=False),
-                                    (TILE_G, 1))
-                    os = ct.reshape(ct.load(PO, index=(b, kvh, s_, 0, 0), shape=(1, 1, 1, TILE_G, D),
-                                            allow_tma=False), (TILE_G, D))
+                    ms, ls, os = own_m, own_l, own_acc  # its own state from registers (linear.skinny_kernel)
+                    if s_ != chunk:
+                        ms = ct.reshape(ct.load(PM, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G),
+                                                allow_tma=False), (TILE_G, 1))
+                        ls = ct.reshape(ct.load(PL, index=(b, kvh, s_, 0), shape=(1, 1, 1, TILE_G),
+                                                allow_tma=False), (TILE_G, 1))
+                        os = ct.reshape(ct.load(PO, index=(b, kvh, s_, 0, 0), shape=(1, 1, 1, TILE_G, D),
+                                                allow_tma=False), (TILE_G, D))
                     m_new = ct.maximum(m, ms)
                     a, w = ct.exp2(m - m_new), ct.exp2(ms - m_new)
                     m, l, acc = m_new, l * a + ls * w, acc * a + os * w
                 ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, 1, TILE_G, D)),
                          allow_tma=False)
                 reset_count(C, bh)
+
+
+# Two blocks an SM for a bfloat16 cache: 1.6-1.9x faster at batch 32-64 (docs/performance.md) and
+# exact; with a float32 cache at D = 128 the merged output came out wrong now and then (H100, cuda.tile
+# 1.7.0), so a float32 cache keeps one.
+decode_kernel_occupancy2 = ct.kernel(decode_kernel._pyfunc, occupancy=2)
 
 
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
@@ -169,7 +178,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
     counters = last_block_counters(bsz * hkv)
     kn, vn = new if new is not None else (q, q)
     cos, sin, half = rope if rope is not None else (q, q, 0)
-    launch((bsz * hkv, chunks, 1), decode_kernel,
+    launch((bsz * hkv, chunks, 1), decode_kernel_occupancy2 if k.dtype.itemsize == 2 else decode_kernel,
            (q, k, v, kn, vn, out, po, pm, pl, counters, kv_start, kv_len, cos, sin, scale_log2, half, per, d, tile_g,
             tile_n, mma_mode(), new is not None, rope is not None, rows))
     return out.reshape(bsz, hkv * group, 1, d)

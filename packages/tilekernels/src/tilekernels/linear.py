@@ -14,7 +14,7 @@ own kernel first (storing bfloat16 where the product takes it).
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
   skinny kernel, weights as the A operand of a TF32 mma, 64 output columns (32 gated) per block
-  against up to 64 of the batch bucket's rows of x, K split over blocks (deterministically
+  against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
   merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
   the same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
@@ -169,7 +169,7 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K:
     return acc, acc2, s1, s2
 
 
-@ct.kernel(occupancy=2)    # two blocks an SM: the same arithmetic, 1.2-1.6x faster (docs/performance.md)
+@ct.kernel(occupancy=2)    # two blocks an SM: the same arithmetic, 1.3-1.5x faster (docs/performance.md)
 def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
                   RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLIT: ConstBool,
@@ -208,18 +208,28 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
         tile = bm * ct.num_blocks(0) + bn
         done = last_in_group(C, tile, ct.num_blocks(2))
         if done:
+            own, own2, own1, own2s = acc, acc2, s1, s2
             acc, acc2, s1, s2 = zero, zero, stats, stats
             for j in range(ct.num_blocks(2)):
-                acc = acc + ct.reshape(ct.load(P, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
-                                       (TILE_N, TILE_M))
+                # its own partial from registers: read back through memory, another thread of the
+                # block may see it unwritten (wrong sums at two blocks an SM, H100 and H200)
+                p, p2, t1, t2 = own, own2, own1, own2s
+                if j != split:
+                    p = ct.reshape(ct.load(P, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
+                                   (TILE_N, TILE_M))
+                    if GLU:
+                        p2 = ct.reshape(ct.load(P2, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
+                                        (TILE_N, TILE_M))
+                    if NORM != NO_NORM:
+                        t1 = ct.reshape(ct.load(S, index=(j, 0, bm), shape=(1, 1, TILE_M), allow_tma=False),
+                                        (TILE_M, 1))
+                        t2 = ct.reshape(ct.load(S, index=(j, 1, bm), shape=(1, 1, TILE_M), allow_tma=False),
+                                        (TILE_M, 1))
+                acc = acc + p
                 if GLU:
-                    acc2 = acc2 + ct.reshape(ct.load(P2, index=(j, bn, bm), shape=(1, TILE_N, TILE_M),
-                                                     allow_tma=False), (TILE_N, TILE_M))
+                    acc2 = acc2 + p2
                 if NORM != NO_NORM:
-                    s1 = s1 + ct.reshape(ct.load(S, index=(j, 0, bm), shape=(1, 1, TILE_M), allow_tma=False),
-                                         (TILE_M, 1))
-                    s2 = s2 + ct.reshape(ct.load(S, index=(j, 1, bm), shape=(1, 1, TILE_M), allow_tma=False),
-                                         (TILE_M, 1))
+                    s1, s2 = s1 + t1, s2 + t2
             reset_count(C, tile)
     if done:
         epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
@@ -300,17 +310,15 @@ GLU_LARGE_M = (128, 64, 32)  # two accumulators
 BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
 BF16_GLU_LARGE_M = (128, 64, 64)
 # weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk
-# (a sweep found 32 x 128 tiles twice as fast again at 1-32 rows, docs/performance.md; not yet run by
-# the GPU tests)
 SKINNY_N, SKINNY_GLU_N = 64, 32
-SKINNY_M, SKINNY_K = 64, 64
+SKINNY_M, SKINNY_K = 32, 64         # 64-row tiles summed wrong now and then (H100, H200, cuda.tile 1.7.0)
 SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are multiples of this
 REDUCE_TILE = 256
 
 
 def skinny_tiles(m: int, glu: bool) -> tuple[int, int, int]:
-    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows: the batch bucket's rows (16 to 64,
-    an mma's width up to what the registers hold; 128 rows run as two blocks of 64) against the
+    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows: the batch bucket's rows (16 or 32,
+    an mma's width, at most 32: 64 and 128 rows run as 2 and 4 blocks) against the
     same TILE_N x TILE_K weight tiles at every bucket, so a row's products and its norm's sums
     are added in the same order whatever rows share its block."""
     return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K
