@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from . import precision
 from .device import device_stream
 from .graphs import CHAIN
 from .protocol import DecoderModel
@@ -46,14 +45,15 @@ class Engine:
     """engine.add(request) any time; engine.step() until not engine.busy. max_batch: the most
     requests decoding at once; capacity: the KV cache's positions a slot (memory: max_batch x
     capacity x the model's keys and values a position); kv_dtype: the cache's, float32 or
-    bfloat16 (half the bytes a decode step reads; GPU-tested at head dim 64 only)."""
+    bfloat16 (half the bytes a decode step reads); None: the precision's (precision.kv_dtype)."""
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS, kv_dtype=np.float32):
+                 prefill_tokens: int = PREFILL_TOKENS, kv_dtype=None):
         if not 1 <= max_batch <= BUCKETS[-1]:     # past the last bucket a step's products would change kernel
             raise ValueError(f"max_batch must be 1 to {BUCKETS[-1]}, got {max_batch}")
         self.model, self.max_batch = model, max_batch
         self.capacity = capacity or min(CAPACITY, model.max_positions)
+        kv_dtype = precision.kv_dtype(model.xp) if kv_dtype is None else kv_dtype
         with device_stream(model.xp):
             self.runner = ModelRunner(model, max_batch, self.capacity, kv_dtype)
         self.scheduler = Scheduler(self.runner.slots, max_batch, prefill_tokens)
