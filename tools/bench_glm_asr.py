@@ -12,17 +12,25 @@ Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like
   threads, batched features, the encoder 8 windows at a time, every window a request of the
   engine, max_batch 64), wall time from the first file handed in to the last transcript back;
   a first pass compiles and captures, the second is reported (times real time = audio s / wall s);
-  with --vad silero too (the VAD's share of the wall time).
+  then --files speech-dense 29 s files (benchlib.speech_dense: the test fixtures' sentences) with
+  vad none and silero (one window each either way), interleaved, medians of 3: the VAD's share.
 - long: one file of --long-minutes, wall time and the GPU memory pool's peak.
 - latency: one 30 s clip alone, median of 5.
 - decoder step: the engine's decode step at batch 1 and 64 (64 prompts of a window's length,
   1 then 1 + 64 new tokens each; the difference over 64 steps).
 - transformers 5 eager generate() at batch 1, 8 and 32 (bf16, and fp32 with TF32), the same
   windows, features from its WhisperFeatureExtractor.
+
+--dask (alone; needs dask and distributed): the same checkpoint and --files 30 s FLAC files through
+`python -m glm_asr.transcribe DIR` and `python -m glm_asr.bulk gpus=1` (one Dask worker), each a
+subprocess with vad=none, their throughput after the model has loaded (the CLI's closing line,
+bulk's "after it"), whether their outputs are identical, and the scheduler's cost per task (10,000
+no-op tasks, 2 worker processes); writes glm-asr-dask-<gpu>.json.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -31,8 +39,8 @@ from pathlib import Path
 import cupy
 import numpy as np
 
-from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, synthetic_speechlike,
-                      versions, word_tokenizer, write_result)
+from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, speech_dense,
+                      synthetic_speechlike, versions, word_tokenizer, write_result)
 
 NEW = 64
 OURS = {"system": "tile-inference", "model": "glm-asr-nano"}
@@ -102,6 +110,52 @@ def hf_bulk(hf, fe, audios: list, batch: int) -> float:
     return time.perf_counter() - t
 
 
+def dask_vs_cli(files: int, out: str | None) -> None:
+    """--dask: the bulk command on one Dask worker against the CLI, same files, same GPU."""
+    import filecmp
+    import re
+    import subprocess
+    import sys
+
+    import soundfile
+
+    from glm_asr.bulk import task_overhead
+
+    def command(args: list[str]) -> str:
+        p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"{args[0]} exited with {p.returncode}: {p.stderr[-2000:]}")
+        return p.stderr
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt, audio = Path(tmp) / "ckpt", Path(tmp) / "audio"
+        audio.mkdir()
+        hf, _ = random_glm_asr_checkpoint(str(ckpt), "bf16")
+        word_tokenizer(ckpt, hf.config)
+        del hf
+        for i in range(files):
+            soundfile.write(audio / f"{i:04d}.flac", synthetic_speechlike(30.0, seed=i), 16000)
+        opts = [f"model.path={ckpt}", f"max_new_tokens={NEW}", "vad=none", "output_format=json"]
+        for rep in range(2):        # the second pass of each reported (the first fills the kernel cache)
+            cli = command(["glm_asr.transcribe", str(audio), f"output_dir={tmp}/cli{rep}", *opts])
+            bulk = command(["glm_asr.bulk", f"manifest={audio}", f"output_dir={tmp}/bulk{rep}", "gpus=1", *opts])
+        cli_x = float(re.search(r"([0-9.]+)x real time", cli).group(1))
+        bulk_x = float(re.search(r"([0-9.]+)x after it", bulk).group(1))
+        names = sorted(os.listdir(f"{tmp}/cli1"))
+        _, differ, missing = filecmp.cmpfiles(f"{tmp}/cli1", f"{tmp}/bulk1", names, shallow=False)
+        same = len(names) == files and not differ and not missing
+        rows.append({"work": f"{files} files x 30 s, vad none", "cli_realtime_factor": cli_x,
+                     "dask_1_worker_realtime_factor": bulk_x, "dask_over_cli": round(bulk_x / cli_x, 3),
+                     "outputs_identical": same, "cli_line": cli.strip().splitlines()[-1],
+                     "bulk_line": bulk.strip().splitlines()[-1]})
+        print(rows[-1], flush=True)
+    overhead = task_overhead(10_000, 2)
+    print(overhead, flush=True)
+    write_result("glm-asr-dask", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows,
+                                  "task_overhead": overhead, "cpu_cores": os.cpu_count()}, out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -109,7 +163,10 @@ def main():
     ap.add_argument("--precisions", default="bf16,tf32", help="our precisions to run, comma-separated")
     ap.add_argument("--long-minutes", type=float, default=60.0, help="the long file's minutes (0: skip)")
     ap.add_argument("--hf-batches", default="1,8,32", help="transformers' batches (empty: skip)")
+    ap.add_argument("--dask", action="store_true", help="only the bulk command on Dask against the CLI")
     args = ap.parse_args()
+    if args.dask:
+        return dask_vs_cli(args.files, args.out)
     import torch
     import transformers
     from transformers import WhisperFeatureExtractor
@@ -142,10 +199,22 @@ def main():
                 new_tokens=NEW, vad="none", wall_s=round(wall, 3), first_pass_s=round(cold, 3),
                 realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
-                transcribe(asr, audios[:2], VadOptions())
-                wall_v, _ = transcribe(asr, audios, VadOptions())
-                row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
-                    new_tokens=NEW, vad="silero", wall_s=round(wall_v, 3), realtime_factor=round(seconds / wall_v, 1))
+                dense = [speech_dense(seed=s) for s in range(args.files)]
+                transcribe(asr, dense[:2], VadOptions())
+                walls: dict = {"none": [], "silero": []}
+                windows: dict = {}
+                for _ in range(3):          # interleaved, medians: the VAD's share of the wall time
+                    for name, vad in (("none", None), ("silero", VadOptions())):
+                        w, n_v = transcribe(asr, dense, vad)
+                        walls[name].append(w)
+                        windows[name] = n_v
+                for name in walls:
+                    w = statistics.median(walls[name])
+                    extra = {"vad_added_pct": round(100 * (w / statistics.median(walls["none"]) - 1), 1)} \
+                        if name == "silero" else {}
+                    row(**OURS, precision=precision, work=f"{args.files} speech-dense files x 29 s",
+                        batch=asr.engine.max_batch, new_tokens=NEW, vad=name, wall_s=round(w, 3), windows=windows[name],
+                        realtime_factor=round(29.0 * args.files / w, 1), **extra)
                 lat = []
                 for _ in range(6):
                     lat.append(transcribe(asr, audios[:1])[0] * 1e3)
@@ -180,7 +249,7 @@ def main():
     md = f"GPU: {gpu_name()}; random weights, {NEW} tokens per 30 s window (eos ignored).\n\n" + markdown_table(
         ["system", "precision", "work", "batch", "figure"],
         [[r["system"], r.get("precision", ""), r["work"], r.get("batch", ""),
-          ", ".join(f"{k} {r[k]}" for k in ("realtime_factor", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
+          ", ".join(f"{k} {r[k]}" for k in ("realtime_factor", "vad_added_pct", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
          for r in rows])
     write_result("glm-asr-bulk", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows},
                  args.out, md)

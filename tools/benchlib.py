@@ -53,6 +53,34 @@ def synthetic_speechlike(seconds: float, seed: int = 0):
     return (x + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
 
 
+def speech_dense(seconds: float = 29.0, seed: int = 0):
+    """Speech from start to end (16 kHz float32): the espeak-ng sentences of the test fixtures
+    (tests/asr/fixtures) one after another in a seeded order, 0.2-0.6 s apart, over their noise,
+    from 0.3 s to within 0.5 s of the end; 29 s by default, so that Silero VAD's one padded
+    segment and a fixed window hold the same audio (the same decoding work either way)."""
+    import json
+
+    import numpy as np
+    import soundfile as sf
+
+    fixtures = ROOT / "tests" / "asr" / "fixtures"
+    meta = json.loads((fixtures / "fixtures.json").read_text())
+    clips = []
+    for name, f in meta["files"].items():
+        x, _ = sf.read(fixtures / name, dtype="float32")
+        clips += [x[s["start"]:s["end"]] for s in f["speech"]]
+    rng = np.random.default_rng(seed)
+    out = (rng.standard_normal(int(16000 * seconds)) * meta["noise_rms"]).astype(np.float32)
+    at, end = int(0.3 * 16000), len(out) - int(0.5 * 16000)
+    while True:
+        clip = clips[int(rng.integers(len(clips)))]
+        if at + len(clip) > end:
+            break
+        out[at:at + len(clip)] += clip
+        at += len(clip) + int(rng.uniform(0.2, 0.6) * 16000)
+    return out
+
+
 def glm_prompt_ids(cfg, n_audio: int) -> list[int]:
     """GLM-ASR's transcription prompt's shape with fixed ids (no tokenizer needed): cfg is our
     GlmAsrConfig or transformers' (both have audio_token_id)."""

@@ -54,7 +54,8 @@ def start(module: str, args: list[str], env_dir: Path):
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{module} exited with {proc.returncode}: see {env_dir / (module + '.log')}")
+            tail = (env_dir / f"{module}.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{module} exited with {proc.returncode}; the end of its log:\n{tail}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=1) as r:
                 if r.status == 200:
