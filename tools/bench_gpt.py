@@ -25,7 +25,6 @@ import cupy
 import numpy as np
 
 from benchlib import gpu_name, markdown_table, versions, write_result
-from tilekernels.weights import BF16
 
 PROMPT, NEW = 32, 128
 
@@ -62,6 +61,7 @@ def main():
 
     from gpt.model import GPT
     from tilekernels.runtime import Engine, generate, set_precision
+    from tilekernels.runtime.precision import kv_dtype
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.manual_seed(0)
@@ -80,18 +80,18 @@ def main():
         for precision in args.precisions.split(","):
             set_precision(precision)
             model = GPT.load(Path(tmp), "gpu")
-            kv = BF16 if precision == "bf16" else np.float32     # bf16: keys and values cached in bfloat16 too
+            kv = kv_dtype(cupy).name        # the engine's cache at this precision (bf16: bfloat16 keys and values)
             for b in batches:
-                engine = Engine(model, b, kv_dtype=kv)
+                engine = Engine(model, b)
                 s = wall(lambda: generate(engine, prompts[:b], NEW, ignore_eos=True))
-                row(system="tile-inference", model="gpt2", precision=precision, kv_cache=np.dtype(kv).name,
+                row(system="tile-inference", model="gpt2", precision=precision, kv_cache=kv,
                     work=f"{PROMPT}-token prompts", batch=b, new_tokens=NEW, tokens_per_s=round(b * NEW / s, 1))
                 del engine
             if precision == args.precisions.split(",")[0]:
                 load = [(rng.integers(0, 50257, int(rng.integers(16, 513))).tolist(), int(rng.integers(16, 257)))
                         for _ in range(256)]
                 useful = sum(n for _, n in load)
-                engine = Engine(model, 64, kv_dtype=kv)
+                engine = Engine(model, 64)
 
                 def continuous():
                     from tilekernels.runtime import Request
@@ -106,7 +106,7 @@ def main():
                         longest = max(n for _, n in group)      # a static batch runs until its longest row is done
                         list(run(engine, [Request(p, longest, eos=frozenset()) for p, _ in group]))
                 for name, fn in (("continuous batching, max_batch 64", continuous), ("static batches of 64", static)):
-                    row(system="tile-inference", model="gpt2", precision=precision, kv_cache=np.dtype(kv).name,
+                    row(system="tile-inference", model="gpt2", precision=precision, kv_cache=kv,
                         work="256 mixed requests", batch=name, new_tokens="16-256",
                         tokens_per_s=round(useful / wall(fn, 1), 1))
                 del engine

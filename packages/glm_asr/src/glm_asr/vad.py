@@ -357,11 +357,7 @@ def speech_segments(samples: np.ndarray, options: VadOptions | None = None, *,
 
 
 STREAM_CHUNK = 9375 * FRAME     # 300 s of samples a speech_probs call when streaming (whole frames)
-_POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor or None, its processes)
-
-
-def _worker_probs(samples: np.ndarray, threads: int) -> np.ndarray:
-    return speech_probs(samples, threads=threads)
+_POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor or None, threads a process)
 
 
 def pooled_probs(samples: np.ndarray) -> np.ndarray:
@@ -380,14 +376,14 @@ def pooled_probs(samples: np.ndarray) -> np.ndarray:
                 from concurrent.futures import ProcessPoolExecutor
 
                 pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
-            _POOL = (os.getpid(), pool, n)
-        _, pool, n = _POOL
+            _POOL = (os.getpid(), pool, max(1, _cpus() // n))
+        _, pool, threads = _POOL
     if pool is not None:
         try:
-            return pool.submit(_worker_probs, samples, max(1, _cpus() // n)).result()
+            return pool.submit(speech_probs, samples, threads=threads).result()
         except Exception:       # noqa: BLE001 - e.g. a script without a __main__ guard: no child can start
             with _LOCK:
-                _POOL = (os.getpid(), None, n)
+                _POOL = (os.getpid(), None, threads)
     return speech_probs(samples)
 
 

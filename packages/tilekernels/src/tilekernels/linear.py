@@ -318,7 +318,7 @@ REDUCE_TILE = 256
 
 def skinny_tiles(m: int, glu: bool) -> tuple[int, int, int]:
     """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows: the batch bucket's rows (16 or 32,
-    an mma's width, at most 32: 64 and 128 rows run as 2 and 4 blocks) against the
+    an mma's width; 64 and 128 rows run as 2 and 4 blocks of 32) against the
     same TILE_N x TILE_K weight tiles at every bucket, so a row's products and its norm's sums
     are added in the same order whatever rows share its block."""
     return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K

@@ -10,8 +10,7 @@
 - fp32: float32-accurate products (3xTF32, 'highest').
 
 On the GPU the KV cache follows: bfloat16 keys and values at bf16 (half the bytes a decode step
-reads), float32 otherwise; the CPU's is
-always float32. Engine(kv_dtype=...) overrides it.
+reads), float32 otherwise; the CPU's is always float32. Engine(kv_dtype=...) overrides it.
 """
 from __future__ import annotations
 
