@@ -177,11 +177,10 @@ def main() -> None:
                 for c in levels:
                     rows.append(round_(kind, url, c, payload, new))
                     print(rows[-1], flush=True)
+                    if not args.small:      # after every round: a run cut short keeps what it measured
+                        write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
             finally:
                 stop(proc)
-    if args.small:
-        return
-    write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

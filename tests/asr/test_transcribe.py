@@ -118,3 +118,21 @@ def test_transcripts_do_not_depend_on_the_batch(tiny, audio_dir, tmp_path):
         out[batch] = {p.name: json.loads(p.read_text()) for p in d.iterdir()}
     assert out[1] == out[8] and len(out[1]) == 4
     assert sum(len(s["text"]) for doc in out[1].values() for s in doc["segments"]) > 0
+
+
+def test_warm_up_leaves_the_transcriber_as_new(tiny, audio_dir):
+    """A server's warm-up (encoder groups of 1..encoder_batch windows, every decode bucket) leaves
+    the engine idle with its slots free, and transcripts as a fresh transcriber's."""
+    from glm_asr.audio import read_audio
+
+    def run(asr):
+        src = [(p.name, lambda p=p: read_audio(p)) for p in (audio_dir / "long.flac", audio_dir / "speech16k.wav")]
+        return [(n, s) for n, s, _ in asr.transcribe_many(src, "Please transcribe this audio into text", 12)]
+
+    warm = Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=2)
+    warm.warm_up("Please transcribe this audio into text")
+    assert {rows for rows, _ in warm.engine.runner.decoders} == {1, 2, 4}
+    assert not warm.engine.busy and sorted(warm.engine.runner.slots.free) == list(range(4))
+    got = run(warm)
+    assert got == run(Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=2))
+    assert len(got) == 2 and all(isinstance(s, list) and s for _, s in got)

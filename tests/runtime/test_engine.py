@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tilekernels.runtime import Engine, Request, Sampling, generate, load_tokenizer, text_pieces
+from tilekernels.runtime import Engine, Request, Sampling, generate, load_tokenizer, text_pieces, warm_up
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpt2"))
 from checkpoints import make_gpt2  # noqa: E402
@@ -151,3 +151,17 @@ def test_a_bfloat16_cache_keeps_rows_independent(ckpt):
     engine = Engine(model, 8, capacity=80, kv_dtype=tk.weights.BF16)
     assert engine.runner.slots.cache.k.dtype == tk.weights.BF16
     assert run(engine, work, arrive_every=1) == alone
+
+
+def test_warm_up_builds_every_bucket_and_leaves_the_engine_as_new(ckpt):
+    """A server's warm-up: the decode steps of each batch bucket, greedy and sampled, exist before
+    any request; afterwards the engine is idle, its slots free, and it decodes as a new one."""
+    rng = np.random.default_rng(5)
+    model = GPT.load(ckpt)
+    work = workload(rng, 10, model.config.vocab_size)
+    engine = Engine(model, 16)
+    warm_up(engine)
+    built = {(rows, mode.draws) for rows, mode in engine.runner.decoders}
+    assert built == {(rows, draws) for rows in (1, 2, 4, 8, 16) for draws in (False, True)}
+    assert not engine.busy and sorted(engine.runner.slots.free) == list(range(16))
+    assert run(engine, work) == run(Engine(model, 16), work)

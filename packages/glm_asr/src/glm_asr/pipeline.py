@@ -20,10 +20,10 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from tilekernels.runtime import CheckpointError, Engine, Request, check_length, device_stream, generate, \
-    load_tokenizer
+    load_tokenizer, warm_up
 
 from .audio import SAMPLE_RATE, Audio
-from .features import FRAMES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
+from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
 from .model import GlmAsr
 from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
 
@@ -76,6 +76,18 @@ class Transcriber:
              encoder_batch: int = ENCODER_BATCH) -> "Transcriber":
         """The checkpoint and tokenizer in directory, on device 'gpu' or 'cpu'."""
         return cls(GlmAsr.load(directory, device), load_tokenizer(directory), max_batch, encoder_batch)
+
+    def warm_up(self, instruction: str) -> None:
+        """Build before any request what a server's first requests would otherwise wait for (on the
+        GPU: kernels compiled, graphs captured): the encoder, prefill and first decode steps of
+        every group of 1 to encoder_batch windows, then the engine's decode steps at every batch
+        bucket."""
+        silence = np.zeros(WINDOW_SAMPLES, np.float32)        # one full 30 s window
+        for n in range(1, self.encoder_batch + 1):
+            for _ in self.transcribe_many([(f"warm-up {i}", lambda: silence) for i in range(n)], instruction, 2,
+                                          ignore_eos=True):
+                pass
+        warm_up(self.engine)
 
     def prompt_ids(self, n_audio: int, instruction: str) -> list[int]:
         text = (f"<|user|>\n<|begin_of_audio|>{'<|pad|>' * n_audio}<|end_of_audio|><|user|>\n"

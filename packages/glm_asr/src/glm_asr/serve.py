@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import hydra
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from omegaconf import DictConfig
@@ -120,6 +121,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         set_precision(o["precision"])
         asr = SpeechRecognizer(Transcriber.load(source, pick_device(o["device"]), o["max_batch"]))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
+    if asr.transcriber.model.xp is not np:     # compiles and captures; on the CPU there are none
+        asr.transcriber.warm_up(o["prompt"])
     max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
     metrics = Metrics("glm_asr")
     audio_seconds = metrics.add_counter("audio_seconds", "seconds of audio transcribed")
