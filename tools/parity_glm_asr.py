@@ -61,23 +61,31 @@ def teacher_forced(ours, prompt, tokens: list[int], ref) -> tuple[list[float], l
     return [rel_err(g, r) for g, r in zip(got, ref)], [float(np.abs(g - r).max()) for g, r in zip(got, ref)]
 
 
-def greedy_agreement(ours: list[int], ref_tokens: list[int], ref, abs_err: list[float]) -> dict:
+def greedy_agreement(ours: list[int], ref_tokens: list[int], ref, abs_err: list[float], eos: set) -> dict:
     """Whether our greedy tokens are transformers' up to its first near-tie: a step whose top two
     logits are closer than twice our largest logit error there (teacher forced), where an
     fp32-accurate implementation may take either; random weights make such ties. At that step
-    ours must be one of the two; past it the sequences may part."""
+    ours must be one of the two (an eos for an eos); past it the sequences may part. A sequence
+    shorter than the other stopped at an eos (which neither list holds)."""
+    def at(seq: list[int], i: int) -> int:
+        return seq[i] if i < len(seq) else -1          # -1: stopped (an eos)
+
+    rows = np.arange(len(ref))
     top2 = np.argsort(ref, axis=1)[:, -2:]
-    margin = ref[np.arange(len(ref)), top2[:, 1]] - ref[np.arange(len(ref)), top2[:, 0]]
-    n = min(len(ref_tokens), len(abs_err))
+    margin = ref[rows, top2[:, 1]] - ref[rows, top2[:, 0]]
+    n = len(abs_err)                                    # the steps teacher forced
     tie = next((i for i in range(n) if margin[i] <= 2 * abs_err[i]), None)
-    upto = n if tie is None else tie
-    ok = ours[:upto] == ref_tokens[:upto] and (tie is None or (len(ours) > tie and ours[tie] in top2[tie].tolist()))
+    ok = all(at(ours, i) == at(ref_tokens, i) for i in range(n if tie is None else tie))
     if tie is None:
         ok = ok and ours == ref_tokens
-    parted = next((i for i, (a, b) in enumerate(zip(ours, ref_tokens)) if a != b), None)
+    else:
+        two = top2[tie].tolist()
+        ok = ok and (at(ours, tie) in two or (at(ours, tie) == -1 and any(t in eos for t in two)))
+    parted = next((i for i in range(max(len(ours), len(ref_tokens))) if at(ours, i) != at(ref_tokens, i)), None)
+    seen = parted is not None and parted < n
     return {"greedy_agree_until_tie": bool(ok), "first_near_tie_step": tie, "first_differing_step": parted,
-            "margin_at_first_differing_step": None if parted is None or parted >= len(margin) else float(margin[parted]),
-            "abs_err_at_first_differing_step": None if parted is None or parted >= n else abs_err[parted]}
+            "margin_at_first_differing_step": float(margin[parted]) if seen else None,
+            "abs_err_at_first_differing_step": abs_err[parted] if seen else None}
 
 
 def cpu_parity() -> None:
@@ -186,7 +194,7 @@ def main():
     forced_rel, forced_abs = teacher_forced(ours, ours.prompt_embeds(ids, emb), hf_tokens, ref_forced)
     our_tokens = decode(Engine(ours, 1), ids, emb, args.tokens)
     same = our_tokens == hf_tokens
-    greedy = greedy_agreement(our_tokens, hf_tokens, ref_forced, forced_abs)
+    greedy = greedy_agreement(our_tokens, hf_tokens, ref_forced, forced_abs, eos)
     del ours
     set_precision("bf16")                   # loads as precision bf16 keeps it: encoder weights in bfloat16 too
     ours = GlmAsr.load(Path(tmp.name), "gpu")

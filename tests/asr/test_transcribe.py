@@ -129,10 +129,13 @@ def test_warm_up_leaves_the_transcriber_as_new(tiny, audio_dir):
         src = [(p.name, lambda p=p: read_audio(p)) for p in (audio_dir / "long.flac", audio_dir / "speech16k.wav")]
         return [(n, s) for n, s, _ in asr.transcribe_many(src, "Please transcribe this audio into text", 12)]
 
-    warm = Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=2)
+    warm = Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=3)
+    groups, encode = [], warm._encode
+    warm._encode = lambda group, *rest: (groups.append(len(group)), encode(group, *rest))[1]
     warm.warm_up("Please transcribe this audio into text")
+    assert groups == [1, 2, 3]
     assert {rows for rows, _ in warm.engine.runner.decoders} == {1, 2, 4}
     assert not warm.engine.busy and sorted(warm.engine.runner.slots.free) == list(range(4))
     got = run(warm)
-    assert got == run(Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=2))
+    assert got == run(Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=3))
     assert len(got) == 2 and all(isinstance(s, list) and s for _, s in got)

@@ -153,15 +153,17 @@ def test_a_bfloat16_cache_keeps_rows_independent(ckpt):
     assert run(engine, work, arrive_every=1) == alone
 
 
-def test_warm_up_builds_every_bucket_and_leaves_the_engine_as_new(ckpt):
-    """A server's warm-up: the decode steps of each batch bucket, greedy and sampled, exist before
-    any request; afterwards the engine is idle, its slots free, and it decodes as a new one."""
+def test_warm_up_builds_every_batch_size_and_leaves_the_engine_as_new(ckpt):
+    """A server's warm-up: the decode steps of each batch size the engine can run (its buckets
+    and max_batch), in each sampling mode asked for, exist before any request; afterwards the
+    engine is idle, its slots free, and it decodes as a new one."""
     rng = np.random.default_rng(5)
     model = GPT.load(ckpt)
     work = workload(rng, 10, model.config.vocab_size)
-    engine = Engine(model, 16)
-    warm_up(engine)
-    built = {(rows, mode.draws) for rows, mode in engine.runner.decoders}
-    assert built == {(rows, draws) for rows in (1, 2, 4, 8, 16) for draws in (False, True)}
-    assert not engine.busy and sorted(engine.runner.slots.free) == list(range(16))
-    assert run(engine, work) == run(Engine(model, 16), work)
+    engine = Engine(model, 12)
+    sampled = Sampling(temperature=0.8, top_k=200)
+    warm_up(engine, (GREEDY, sampled))
+    built = {(rows, mode.draws, mode.top_k) for rows, mode in engine.runner.decoders}
+    assert built == {(rows, s, s) for rows in (1, 2, 4, 8, 12) for s in (False, True)}
+    assert not engine.busy and sorted(engine.runner.slots.free) == list(range(12))
+    assert run(engine, work) == run(Engine(model, 12), work)

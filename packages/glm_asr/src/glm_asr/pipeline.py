@@ -79,15 +79,16 @@ class Transcriber:
 
     def warm_up(self, instruction: str) -> None:
         """Build before any request what a server's first requests would otherwise wait for (on the
-        GPU: kernels compiled, graphs captured): the encoder, prefill and first decode steps of
-        every group of 1 to encoder_batch windows, then the engine's decode steps at every batch
-        bucket."""
-        silence = np.zeros(WINDOW_SAMPLES, np.float32)        # one full 30 s window
-        for n in range(1, self.encoder_batch + 1):
-            for _ in self.transcribe_many([(f"warm-up {i}", lambda: silence) for i in range(n)], instruction, 2,
-                                          ignore_eos=True):
-                pass
+        GPU: kernels compiled, graphs captured): the engine's greedy decode steps at every batch
+        size, then the encoder, prefill and first decode steps of a group of each size from 1 to
+        encoder_batch windows (after the engine's, whose prompts may regrow the prefill's staging)."""
         warm_up(self.engine)
+        window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)], self.model.config.encoder.num_mel_bins,
+                                     None))
+        for n in range(1, self.encoder_batch + 1):
+            self._encode([(0, i, window) for i in range(n)], [_File("warm-up")], instruction, 2, True)
+            while self.engine.busy:
+                self.engine.step()
 
     def prompt_ids(self, n_audio: int, instruction: str) -> list[int]:
         text = (f"<|user|>\n<|begin_of_audio|>{'<|pad|>' * n_audio}<|end_of_audio|><|user|>\n"

@@ -20,11 +20,12 @@ import json
 import time
 
 import hydra
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
-from tilekernels.runtime import Completion, check_length, from_model_config, requests, warm_up
+from tilekernels.runtime import GREEDY, Completion, Sampling, check_length, from_model_config, requests, warm_up
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 
 from tilekernels.runtime.server import (APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics, check_model,
@@ -146,7 +147,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
     engine = lm.engine(o["max_batch"])
-    warm_up(engine)         # every batch bucket's decode steps built before the first request
+    if lm.model.xp is not np:       # compiles and captures every batch size, greedy and the defaults' sampling
+        warm_up(engine, (GREEDY, Sampling(o["temperature"], o["top_k"], o["top_p"], o["repetition_penalty"])))
     app, worker = make_app("gpt", model_id, metrics, lambda: EngineWorker(engine, o["max_queue"], metrics),
                            cfg.get("api_key") or None)
 

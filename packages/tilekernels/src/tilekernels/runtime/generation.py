@@ -71,13 +71,14 @@ def run(engine: Engine, reqs: list[Request]) -> Iterator[tuple[int, str]]:
                 engine.cancel(r)
 
 
-def warm_up(engine: Engine, prompt_tokens: int = 16) -> None:
-    """Build the decode steps of every batch bucket up to engine.max_batch, greedy and sampled,
-    before any request: on the GPU their kernels compile and their graphs are captured on first
-    use, seconds that a server's first requests at each concurrency would otherwise wait for."""
+def warm_up(engine: Engine, samplings: Sequence[Sampling] = (GREEDY,), prompt_tokens: int = 16) -> None:
+    """Build the decode steps of every batch size engine.max_batch can run (its buckets, and
+    max_batch itself) in each of the samplings' modes, before any request: on the GPU their
+    kernels compile and their graphs are captured on first use, seconds that a server's first
+    requests at each concurrency would otherwise wait for."""
     from .runner import BUCKETS
 
     prompt = [engine.model.eos_ids[0]] * prompt_tokens
-    for rows in (b for b in BUCKETS if b <= engine.max_batch):
-        for sampling in (GREEDY, Sampling(temperature=1.0)):
+    for rows in sorted({min(b, engine.max_batch) for b in BUCKETS}):
+        for sampling in samplings:
             generate(engine, [prompt] * rows, 2, sampling, seed=0, ignore_eos=True)
