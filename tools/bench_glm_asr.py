@@ -131,7 +131,7 @@ def dask_vs_cli(files: int, out: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt, audio = Path(tmp) / "ckpt", Path(tmp) / "audio"
         audio.mkdir()
-        hf, _ = random_glm_asr_checkpoint(str(ckpt), "bf16")
+        hf = random_glm_asr_checkpoint(str(ckpt), "bf16")
         word_tokenizer(ckpt, hf.config)
         del hf
         for i in range(files):
@@ -186,7 +186,7 @@ def main():
         print(kw, flush=True)
 
     with tempfile.TemporaryDirectory() as tmp:
-        hf, _ = random_glm_asr_checkpoint(tmp, "bf16")
+        hf = random_glm_asr_checkpoint(tmp, "bf16")
         word_tokenizer(Path(tmp), hf.config)
         for precision in args.precisions.split(","):
             set_precision(precision)

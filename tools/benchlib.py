@@ -95,11 +95,9 @@ def glm_prompt_ids(cfg, n_audio: int) -> list[int]:
 def random_glm_asr_checkpoint(directory: str, weights: str):
     """transformers' GLM-ASR at full size with seeded random weights, saved to `directory` in
     bfloat16 ('bf16', the hub checkpoint's dtype) or float32; returned in float32 on the GPU
-    (bfloat16 values widen exactly), as (model, our GlmAsr loaded from the directory)."""
+    (bfloat16 values widen exactly). Ours loads from the directory (GlmAsr.load) where wanted."""
     import torch
     from transformers import GlmAsrConfig, GlmAsrForConditionalGeneration
-
-    from glm_asr.model import GlmAsr
 
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -111,7 +109,7 @@ def random_glm_asr_checkpoint(directory: str, weights: str):
                 p.copy_(p.to(torch.bfloat16))
         state = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
     hf.save_pretrained(directory, state_dict=state, safe_serialization=True)
-    return hf, GlmAsr.load(Path(directory), "gpu")
+    return hf
 
 
 def word_tokenizer(directory: Path, cfg) -> None:
@@ -145,7 +143,7 @@ def served_checkpoint(kind: str, directory: Path, small: bool = False) -> None:
 
         make(directory)
     else:
-        hf, _ = random_glm_asr_checkpoint(str(directory), "bf16")
+        hf = random_glm_asr_checkpoint(str(directory), "bf16")
         word_tokenizer(directory, hf.config)
 
 

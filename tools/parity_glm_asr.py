@@ -152,7 +152,8 @@ def main():
     print(f"features: max abs diff {feat_diff:.2e}")
 
     tmp = tempfile.TemporaryDirectory()
-    hf, ours = random_glm_asr_checkpoint(tmp.name, args.weights)
+    hf = random_glm_asr_checkpoint(tmp.name, args.weights)
+    ours = GlmAsr.load(Path(tmp.name), "gpu")      # a bfloat16 checkpoint's matrices stay bfloat16 there
     frames = valid_frames(len(audio))
     n_audio = audio_tokens(frames)
     ids = glm_prompt_ids(ours.config, n_audio)
