@@ -1,6 +1,7 @@
 """GLM-ASR bulk transcription and batch-1 latency on the engine, against transformers (GPU host).
 
     python tools/bench_glm_asr.py [--out DIR] [--files 64] [--precisions bf16,tf32] [--long-minutes 60]
+                                  [--hf-batches 1,8,32] [--dense-files N]
 
 Full-size GLM-ASR-Nano config with seeded random weights saved as the hub's checkpoint (bfloat16
 values) and a word-level tokenizer carrying GLM-ASR's special tokens at their ids, loaded by
@@ -11,9 +12,10 @@ Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like
 - bulk: --files files of 30 s through Transcriber.transcribe_many (the CLI's pipeline: reader
   threads, batched features, the encoder 8 windows at a time, every window a request of the
   engine, max_batch 64), wall time from the first file handed in to the last transcript back;
-  a first pass compiles and captures, the second is reported (times real time = audio s / wall s);
-  then --files speech-dense 29 s files (benchlib.speech_dense: the test fixtures' sentences) with
-  vad none and silero (one window each either way), interleaved, medians of 3: the VAD's share.
+  a first pass compiles and captures, the second is reported (times real time = audio s / wall s).
+- VAD (last, on the first precision's model): --dense-files speech-dense 29 s files
+  (benchlib.speech_dense: the test fixtures' sentences) with vad none and silero (one window each
+  either way), interleaved, medians of 3: the VAD's share.
 - long: one file of --long-minutes, wall time and the GPU memory pool's peak.
 - latency: one 30 s clip alone, median of 5.
 - decoder step: the engine's decode step at batch 1 and 64 (64 prompts of a window's length,
@@ -45,6 +47,7 @@ from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_c
 NEW = 64
 OURS = {"system": "tile-inference", "model": "glm-asr-nano"}
 WINDOW = 480000     # 30 s at 16 kHz
+FIGURES = ("realtime_factor", "vad_added_pct", "latency_ms", "step_ms", "gpu_pool_peak_gb")
 
 
 def sync():
@@ -162,6 +165,7 @@ def main():
     ap.add_argument("--files", type=int, default=64, help="30 s files of the bulk run")
     ap.add_argument("--precisions", default="bf16,tf32", help="our precisions to run, comma-separated")
     ap.add_argument("--long-minutes", type=float, default=60.0, help="the long file's minutes (0: skip)")
+    ap.add_argument("--dense-files", type=int, help="speech-dense files of the VAD rows (default --files; 0: skip)")
     ap.add_argument("--hf-batches", default="1,8,32", help="transformers' batches (empty: skip)")
     ap.add_argument("--dask", action="store_true", help="only the bulk command on Dask against the CLI")
     args = ap.parse_args()
@@ -182,8 +186,15 @@ def main():
     rows = []
 
     def row(**kw):
+        """Print a row and write the result file so far (a run cut short keeps its rows)."""
         rows.append(kw)
         print(kw, flush=True)
+        md = f"GPU: {gpu_name()}; random weights, {NEW} tokens per 30 s window (eos ignored).\n\n" + markdown_table(
+            ["system", "precision", "work", "batch", "figure"],
+            [[r["system"], r.get("precision", ""), r["work"], r.get("batch", ""),
+              ", ".join(f"{k} {r[k]}" for k in FIGURES if k in r)] for r in rows])
+        write_result("glm-asr-bulk", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows},
+                     args.out, md)
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = random_glm_asr_checkpoint(tmp, "bf16")
@@ -199,22 +210,6 @@ def main():
                 new_tokens=NEW, vad="none", wall_s=round(wall, 3), first_pass_s=round(cold, 3),
                 realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
-                dense = [speech_dense(seed=s) for s in range(args.files)]
-                transcribe(asr, dense[:2], VadOptions())
-                walls: dict = {"none": [], "silero": []}
-                windows: dict = {}
-                for _ in range(3):          # interleaved, medians: the VAD's share of the wall time
-                    for name, vad in (("none", None), ("silero", VadOptions())):
-                        w, n_v = transcribe(asr, dense, vad)
-                        walls[name].append(w)
-                        windows[name] = n_v
-                for name in walls:
-                    w = statistics.median(walls[name])
-                    extra = {"vad_added_pct": round(100 * (w / statistics.median(walls["none"]) - 1), 1)} \
-                        if name == "silero" else {}
-                    row(**OURS, precision=precision, work=f"{args.files} speech-dense files x 29 s",
-                        batch=asr.engine.max_batch, new_tokens=NEW, vad=name, wall_s=round(w, 3), windows=windows[name],
-                        realtime_factor=round(29.0 * args.files / w, 1), **extra)
                 lat = []
                 for _ in range(6):
                     lat.append(transcribe(asr, audios[:1])[0] * 1e3)
@@ -232,6 +227,7 @@ def main():
                         batch=asr.engine.max_batch, new_tokens=NEW, vad="none", wall_s=round(wall_l, 3),
                         windows=n_l, realtime_factor=round(len(long) / 16000 / wall_l, 1),
                         gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
+                first = asr                 # the VAD rows run last (below), on this one
             del asr
             cupy.get_default_memory_pool().free_all_blocks()
         set_precision("bf16")
@@ -246,13 +242,25 @@ def main():
                 row(system=f"transformers {transformers.__version__} eager", model="glm-asr-nano", precision=name,
                     work=f"{len(work)} files x 30 s", batch=b, new_tokens=NEW, vad="none", wall_s=round(wall, 3),
                     realtime_factor=round(30 * len(work) / wall, 1))
-    md = f"GPU: {gpu_name()}; random weights, {NEW} tokens per 30 s window (eos ignored).\n\n" + markdown_table(
-        ["system", "precision", "work", "batch", "figure"],
-        [[r["system"], r.get("precision", ""), r["work"], r.get("batch", ""),
-          ", ".join(f"{k} {r[k]}" for k in ("realtime_factor", "vad_added_pct", "latency_ms", "step_ms", "gpu_pool_peak_gb") if k in r)]
-         for r in rows])
-    write_result("glm-asr-bulk", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows},
-                 args.out, md)
+        n_dense = args.files if args.dense_files is None else args.dense_files
+        if n_dense:
+            set_precision(args.precisions.split(",")[0])
+            dense = [speech_dense(seed=s) for s in range(n_dense)]
+            transcribe(first, dense[:2], VadOptions())
+            walls: dict = {"none": [], "silero": []}
+            windows: dict = {}
+            for _ in range(3):          # interleaved, medians: the VAD's share of the wall time
+                for name, vad in (("none", None), ("silero", VadOptions())):
+                    w, n_v = transcribe(first, dense, vad)
+                    walls[name].append(w)
+                    windows[name] = n_v
+            for name in walls:
+                w = statistics.median(walls[name])
+                extra = {"vad_added_pct": round(100 * (w / statistics.median(walls["none"]) - 1), 1)} \
+                    if name == "silero" else {}
+                row(**OURS, precision=args.precisions.split(",")[0], work=f"{n_dense} speech-dense files x 29 s",
+                    batch=first.engine.max_batch, new_tokens=NEW, vad=name, wall_s=round(w, 3), windows=windows[name],
+                    realtime_factor=round(29.0 * n_dense / w, 1), **extra)
 
 
 if __name__ == "__main__":

@@ -29,9 +29,11 @@ def versions() -> dict:
     import cupy
     import cuda.tile as ct
     import numpy
+    from tilekernels import compiler
 
     out = {"python": platform.python_version(), "numpy": numpy.__version__, "cupy": cupy.__version__,
-           "cuda_tile": ct.__version__, "cuda_driver": cupy.cuda.runtime.driverGetVersion()}
+           "cuda_tile": ct.__version__, "tileiras": ".".join(map(str, compiler.version() or ())) or None,
+           "cuda_driver": cupy.cuda.runtime.driverGetVersion()}
     for mod in ("torch", "transformers"):
         try:
             out[mod] = __import__(mod).__version__

@@ -86,6 +86,22 @@ def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
     assert graphed.length == plain.length
 
 
+def test_graphs_own_what_they_write(tmp_path, poisoned):
+    """A graph's token buffers outlive its capture: arrays allocated after it (which used to be
+    handed the memory the chains write their tokens into) keep their values through replays,
+    and replays still run after the default pool has returned its free memory to the driver."""
+    with cupy.cuda.Stream(non_blocking=True):
+        model, plain, _, logits, decode = twin_caches(tmp_path, 64)
+        others = [cupy.full(64, -7, dtype=cupy.int64) for _ in range(256)]
+        first = logits.get().argmax(-1)
+        got = np.array(list(decode.tokens(first, np.array([4, 4]), 19)))
+        assert all(bool((o == -7).all()) for o in others)
+        del others
+        cupy.get_default_memory_pool().free_all_blocks()
+        again = np.array(list(decode.tokens(got[-1], np.array([23, 23]), 19)))
+    assert again.shape == (19, 2) and 0 <= again.min() and again.max() < logits.shape[-1]
+
+
 def test_sampled_chain_on_the_device_equals_stepwise_sampling(tmp_path, poisoned):
     """Sampled steps chained in the graphs (uniforms copied in by each replay, the seen mask
     marked on the device) choose what the op chooses step by step with the same seed."""

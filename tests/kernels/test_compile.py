@@ -67,7 +67,7 @@ def specializations():
         for precise, m, split in ((0, 1, False), (0, 8, False), (1, 8, True), (0, 64, True), (0, 128, True)):
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}", linear.skinny_kernel,
                         [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
-                         *linear.skinny_tiles(m, glu), bias, code, glu, res, nrm, scale, precise, split, True]))
+                         *linear.skinny_tiles(m, glu, 2 if wt == W16 else 4), bias, code, glu, res, nrm, scale, precise, split, True]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),

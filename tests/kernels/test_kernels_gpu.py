@@ -514,6 +514,38 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
     assert rel_err(got, ref) <= TF32
 
 
+@pytest.mark.parametrize("case", ["down-32-rows", "down-1-row", "decode-float32-cache"])
+def test_merging_kernels_give_one_result_every_call(poisoned, rng, precision, case):
+    """200 calls on the same inputs, one result: the split-K product (GLM-ASR's down projection,
+    bfloat16 weights, 8 K splits) and decode attention over a float32 cache (GLM-ASR's heads,
+    two chunks merged). Compiled by tileiras 13.4.92 both came out wrong and different on
+    nearly every call (H100: 996 and 999 of 1,000 at 'high'); by 13.5.37 exact every time."""
+    import cupy
+
+    if case.startswith("down"):
+        m = 32 if case == "down-32-rows" else 1
+        w, gw = bf16_pair(rng, 2048, 6144, scale=0.02)
+        x, gx = pair(rng, m, 6144)
+        ref = x.astype(np.float64) @ w.T.astype(np.float64)
+        call = lambda: tk.linear(gx, gw)  # noqa: E731
+    else:
+        hq, hkv, d, t_max, rot = 16, 4, 128, 1088, 64
+        qkv, gqkv = pair(rng, 1, 1, (hq + 2 * hkv) * d)
+        k, gk = pair(rng, 1, hkv, t_max, d)
+        v, gv = pair(rng, 1, hkv, t_max, d)
+        cos, sin = tk.rope_cos_sin(np.arange(t_max, dtype=np.int64), rot)
+        lengths = np.array([457], np.int64)
+        ref = tk.decode_attention(qkv, k.copy(), v.copy(), np.zeros(1, np.int32), hq, cos=cos, sin=sin,
+                                  rotary_dim=rot, lengths=lengths)
+        args = (gqkv, gk, gv, cupy.zeros(1, cupy.int32), hq)
+        kw = dict(cos=cupy.asarray(cos), sin=cupy.asarray(sin), rotary_dim=rot, lengths=cupy.asarray(lengths))
+        call = lambda: tk.decode_attention(*args, **kw)  # noqa: E731
+    first = call()
+    assert rel_err(first, ref) <= (FP32 if precision == "highest" else TF32)
+    same = [bool(cupy.array_equal(call(), first)) for _ in range(200)]
+    assert all(same), f"{same.count(False)} of 200 calls differ"
+
+
 def test_decode_merges_repeatedly_from_a_graph(rng):
     """Replays of one captured decode attention (a decode step's) at lengths of one chunk and
     of several each merge once: the counters the last blocks reset serve the next replay."""

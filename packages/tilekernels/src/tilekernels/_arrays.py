@@ -186,12 +186,22 @@ def _hopper_or_later() -> bool:
     return int(cupy.cuda.Device().compute_capability) >= 90
 
 
+@functools.lru_cache(maxsize=None)
+def _compiler_checked() -> bool:
+    from . import compiler
+
+    compiler.check(compiler.version())
+    return True
+
+
 def launch(grid: tuple[int, ...], kernel: Any, args: tuple) -> None:
     """Launch a cuTile kernel on cupy's current stream (as a programmatic dependent launch
-    on Hopper and later: every kernel here calls inputs_ready before touching activations)."""
+    on Hopper and later: every kernel here calls inputs_ready before touching activations).
+    The first launch checks the compiler's release (tilekernels.compiler)."""
     import cupy
 
     global _FULL_WAIT_NEXT
+    _compiler_checked()
     dependent = _DEPENDENT_LAUNCH and not _FULL_WAIT_NEXT and _hopper_or_later()
     _FULL_WAIT_NEXT = False
     args = tuple(_DeviceArg(a) if is_device(a) else a for a in args)

@@ -180,9 +180,11 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     every row. The weights stream at bandwidth only with enough blocks in flight: SPLIT cuts K
     into ranges of blocks of their own (skinny_splits), each storing its partial sums (P, P2;
     the norm's row sums in S); the last block of an output tile to finish (counted in C) adds
-    them in split order, so the result is the same on every run, and applies the epilogue."""
-    bn = ct.bid(0)
-    bm = ct.bid(1)
+    them in split order, so the result is the same on every run, and applies the epilogue.
+    Axis 0 is the row blocks (64 and 128 rows): the blocks of one weight tile run side by side,
+    the second reading it from L2 rather than HBM."""
+    bm = ct.bid(0)
+    bn = ct.bid(1)
     split = ct.bid(2)
     k0 = split * k_tiles_per_split
     k1 = min(k0 + k_tiles_per_split, ct.cdiv(X.shape[1], TILE_K))
@@ -205,7 +207,7 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
         if NORM != NO_NORM:
             ct.store(S, index=(split, 0, bm), tile=ct.reshape(s1, (1, 1, TILE_M)), allow_tma=False)
             ct.store(S, index=(split, 1, bm), tile=ct.reshape(s2, (1, 1, TILE_M)), allow_tma=False)
-        tile = bm * ct.num_blocks(0) + bn
+        tile = bn * ct.num_blocks(0) + bm
         done = last_in_group(C, tile, ct.num_blocks(2))
         if done:
             own, own2, own1, own2s = acc, acc2, s1, s2
@@ -311,17 +313,20 @@ BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, tw
 BF16_GLU_LARGE_M = (128, 64, 64)
 # weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk
 SKINNY_N, SKINNY_GLU_N = 64, 32
-SKINNY_M, SKINNY_K = 32, 64         # 64-row tiles summed wrong now and then (H100, H200, cuda.tile 1.7.0)
+SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
+# K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
+# bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md)
+SKINNY_K = {4: 64, 2: 128}
 SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are multiples of this
 REDUCE_TILE = 256
 
 
-def skinny_tiles(m: int, glu: bool) -> tuple[int, int, int]:
-    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows: the batch bucket's rows (16 or 32,
-    an mma's width; 64 and 128 rows run as 2 and 4 blocks of 32) against the
-    same TILE_N x TILE_K weight tiles at every bucket, so a row's products and its norm's sums
-    are added in the same order whatever rows share its block."""
-    return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K
+def skinny_tiles(m: int, glu: bool, itemsize: int = 4) -> tuple[int, int, int]:
+    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows of a weight of `itemsize` bytes a
+    value: the batch bucket's rows (16 or 32, an mma's width; 64 and 128 rows run as 2 and 4
+    blocks of 32) against the same TILE_N x TILE_K weight tiles at every bucket, so a row's
+    products and its norm's sums are added in the same order whatever rows share its block."""
+    return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K[itemsize]
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, sms: int = 132) -> tuple[int, int]:
@@ -335,7 +340,7 @@ def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, sms: int = 132) -> t
 
 
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
-                sequence: bool = False):
+                sequence: bool = False, itemsize: int = 4):
     """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
     ('tiles', tiles, K tiles per split, splits).
 
@@ -348,7 +353,7 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
     measured slower from half a wave up, tools/sweep_gemm.py at 4f7986f)."""
     if not sequence and m <= DECODE_ROWS:
-        return "skinny", skinny_tiles(m, glu)
+        return "skinny", skinny_tiles(m, glu, itemsize)
     tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
@@ -374,7 +379,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
         return y.reshape(*x.shape[:-1], n)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype, large=sequence or m > DECODE_ROWS)
-    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence)
+    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize)
     rms = isinstance(norm, RMSNorm)
     in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
@@ -399,7 +404,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             p2 = cupy.empty_like(p) if glu else p
             s_ = cupy.empty((split, 2, m_blocks * tm), dtype=cupy.float32)
             c = last_block_counters(n_blocks * m_blocks)
-        launch((n_blocks, m_blocks, split), skinny_kernel,
+        launch((m_blocks, n_blocks, split), skinny_kernel,
                (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split > 1,
                 True))
     else:

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, NoReturn
 
+from ..compiler import CompilerError
 from .checkpoint import CheckpointError
 
 Int, OptInt, Float, Str, OptStr = "int", "int?", "float", "str", "str?"
@@ -85,7 +86,7 @@ def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
     """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback."""
     try:
         code = run() or 0
-    except (CheckpointError, ValueError, OSError) as e:
+    except (CheckpointError, CompilerError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:

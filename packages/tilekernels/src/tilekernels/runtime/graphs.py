@@ -40,6 +40,8 @@ class Replay:
     logits: object
     tokens: np.ndarray
     uniforms: np.ndarray | None
+    device: tuple = ()      # the device arrays the graph writes its tokens and reads its uniforms from,
+                            # held as long as the graph: dropped, their memory went to other arrays
 
     @property
     def n(self) -> int:
@@ -134,7 +136,7 @@ class DecodeGraph:
                                           cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             graph = stream.end_capture()
         graph.upload(stream)        # not in the first replay's time
-        return Replay(graph, logits, host, u_host)
+        return Replay(graph, logits, host, u_host, (tokens, u))
 
     def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
         """The next step's input (x[0]) from host token ids and positions; the cache span."""
