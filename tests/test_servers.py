@@ -210,10 +210,12 @@ def test_gpt_requests_share_the_running_batch(gpt_server):
     """Concurrent streams decode together (continuous batching): every stream has its first text
     before any of them has finished, where one request at a time would finish each first."""
     first, last = [None] * 4, [None] * 4
+    clients, ready = [gpt_server.client() for _ in range(4)], threading.Barrier(4, timeout=60)
 
-    def one(i):
-        stream = gpt_server.client().completions.create(model="tiny", prompt=f"To be {i}", max_tokens=60,
-                                                        temperature=0, stream=True)
+    def one(i):     # clients built beforehand and released together: a slow start is not a late request
+        ready.wait()
+        stream = clients[i].completions.create(model="tiny", prompt=f"To be {i}", max_tokens=60, temperature=0,
+                                               stream=True)
         for ch in stream:
             if ch.choices and ch.choices[0].text and first[i] is None:
                 first[i] = time.perf_counter()
