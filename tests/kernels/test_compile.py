@@ -64,10 +64,15 @@ def specializations():
     for bias, code, glu, res, nrm, scale, wt in decode:
         name = f"{bias}-{code}-glu{glu}-res{res}-norm{nrm}-scale{scale}-{wt}"
         w = arr(2, dtype=wt)
-        for precise, m, split in ((0, 1, False), (0, 8, False), (1, 8, True), (0, 64, True), (0, 128, True)):
-            out.append((f"skinny-{name}-p{precise}-m{m}-split{split}", linear.skinny_kernel,
-                        [arr(2), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
-                         *linear.skinny_tiles(m, glu, 2 if wt == W16 else 4), bias, code, glu, res, nrm, scale, precise, split, True]))
+        cases = [(0, 1, False, W32, 768), (0, 8, False, W32, 768), (1, 8, True, W32, 768), (0, 64, True, W32, 768),
+                 (0, 128, True, W32, 768)]
+        if wt == W16:       # precision 'medium': bfloat16 MMA, x float32 or bfloat16, narrow and wide weight tiles
+            cases += [(2, 1, True, W32, 6144), (2, 64, True, W16, 2048)]
+        for precise, m, split, xt, n in cases:
+            out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", linear.skinny_kernel,
+                        [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
+                         *linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4), bias, code, glu, res, nrm, scale, precise,
+                         split, True]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),

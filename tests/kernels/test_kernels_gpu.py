@@ -134,7 +134,7 @@ def fused_reference(x, w, b, act, norm, eps, residual):
     (768, 2304, "layer", None, True, False),        # GPT-2 qkv with ln_1
     (768, 3072, "layer", "gelu_tanh", True, False),  # GPT-2 fc with ln_2
     (3072, 769, None, None, True, True),             # projection + residual, ragged N
-    (1281, 12, "rms", "swiglu", False, False),       # tiny gated unit, ragged K
+    (1281, 770, "rms", "swiglu", False, False),      # gated unit, ragged K and N
     (2048, 12288, "rms", "swiglu", False, False),    # GLM gate/up
     (2048, 2048, None, None, False, True),           # GLM o_proj + residual
     (768, 50257, "layer", None, False, False),       # GPT-2 head with ln_f
@@ -149,7 +149,6 @@ def test_linear_fused(poisoned, rng, m, k, n, norm, act, bias, res):
             None: (None, None)}[norm]
     out = tk.linear(gx, gw, gb, activation=act, norm=spec[1], residual=gr)
     ref = fused_reference(x, w, b, act, spec[0], 1e-5, r)
-    # M = 1 with up to 4096 outputs runs in plain fp32 on CUDA cores
     assert rel_err(out, ref) <= TF32
 
 
@@ -266,29 +265,31 @@ def medium():
     tk.set_matmul_precision("high")
 
 
-def test_medium_precision_takes_bf16_inputs_for_large_products_of_bf16_weights(poisoned, rng):
-    """'medium': a product of more than 128 rows by a bfloat16 weight runs on bfloat16 inputs,
-    within bf16's error of the float64 reference and measurably less exact than TF32, the same
-    whether its input comes float32 (rounded first) or already bfloat16; decode-sized products
-    (<= 128 rows), float32 weights and attention are as at 'high'."""
+def test_medium_precision_takes_bf16_inputs_for_products_of_bf16_weights(poisoned, rng):
+    """'medium': a product by a bfloat16 weight runs on bfloat16 inputs, large (tiles kernel) and
+    decode-sized (skinny kernel, <= 128 rows) alike: within bf16's error of the float64 reference
+    and measurably less exact than TF32, the same whether its input comes float32 (rounded by the
+    kernel) or already bfloat16; float32 weights and attention are as at 'high'."""
     import cupy
 
     (x, gx), (w, gw), (b, gb) = pair(rng, 769, 1281), bf16_pair(rng, 2304, 1281, scale=0.05), pair(rng, 2304)
     (w32, gw32) = pair(rng, 2304, 1281)
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
-    high, small, f32w = tk.linear(gx, gw, gb), tk.linear(gx[:7].copy(), gw, gb), tk.linear(gx, gw32, gb)
+    gs = gx[:7].copy()
+    high, small, f32w = tk.linear(gx, gw, gb), tk.linear(gs, gw, gb), tk.linear(gx, gw32, gb)
     (q, gq), (k, gk), (v, gv) = pair(rng, 2, 8, 77, 64), pair(rng, 2, 2, 300, 64), pair(rng, 2, 2, 300, 64)
     att_high = tk.attention(gq, gk, gv, causal=True)
     tk.set_matmul_precision("medium")
     try:
-        med = tk.linear(gx, gw, gb)
+        med, small_med = tk.linear(gx, gw, gb), tk.linear(gs, gw, gb)
         assert cupy.array_equal(tk.linear(tk.weights.to_bf16(gx), gw, gb), med)
-        assert cupy.array_equal(tk.linear(gx[:7].copy(), gw, gb), small)
+        assert cupy.array_equal(tk.linear(tk.weights.to_bf16(gs), gw, gb), small_med)
         assert cupy.array_equal(tk.linear(gx, gw32, gb), f32w)
         assert cupy.array_equal(tk.attention(gq, gk, gv, causal=True), att_high)
     finally:
         tk.set_matmul_precision("high")
-    assert TF32 / 8 < rel_err(med, ref) <= BF16 and rel_err(med, ref) > 2 * rel_err(high, ref)
+    for got, want, tf32 in ((med, ref, high), (small_med, ref[:7], small)):
+        assert TF32 / 8 < rel_err(got, want) <= BF16 and rel_err(got, want) > 2 * rel_err(tf32, want)
 
 
 @pytest.mark.parametrize("act,glu", [(None, False), ("gelu", False), ("swiglu", True)])

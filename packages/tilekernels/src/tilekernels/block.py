@@ -39,5 +39,5 @@ class Block:
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
         x = linear(y, *self.o, residual=x)
         h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2,
-                   out_dtype=input_dtype(x.shape, self.fc2[0]))      # bfloat16 where fc2 takes it so
+                   out_dtype=input_dtype(self.fc2[0]))      # bfloat16 where fc2 takes it so
         return linear(h, *self.fc2, residual=x)

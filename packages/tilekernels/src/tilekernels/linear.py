@@ -13,8 +13,8 @@ own kernel first (storing bfloat16 where the product takes it).
 
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
-  skinny kernel, weights as the A operand of a TF32 mma, 64 output columns (32 gated) per block
-  against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
+  skinny kernel, weights as the A operand of a TF32 mma (bfloat16 at 'medium' for bfloat16
+  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights) per block against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
   merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
   the same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
@@ -311,8 +311,12 @@ LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
 BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
 BF16_GLU_LARGE_M = (128, 64, 64)
-# weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk
+# weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk;
+# twice the rows for bfloat16 weights of at least WIDE_N outputs: GLM-ASR's gate/up at 1 / 64 rows
+# 37.8 / 72.1 -> 31.8 / 56.4 us, its vocabulary head 100 / 261 -> 83 / 150 us, where its qkv (3,072)
+# and down (2,048) projections ran slower (H100, tileiras 13.5.37, bfloat16 MMA)
 SKINNY_N, SKINNY_GLU_N = 64, 32
+WIDE_N = 4096
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
 # K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
 # bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md)
@@ -321,12 +325,14 @@ SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are m
 REDUCE_TILE = 256
 
 
-def skinny_tiles(m: int, glu: bool, itemsize: int = 4) -> tuple[int, int, int]:
-    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows of a weight of `itemsize` bytes a
-    value: the batch bucket's rows (16 or 32, an mma's width; 64 and 128 rows run as 2 and 4
-    blocks of 32) against the same TILE_N x TILE_K weight tiles at every bucket, so a row's
-    products and its norm's sums are added in the same order whatever rows share its block."""
-    return min(SKINNY_M, max(16, next_pow2(m))), SKINNY_GLU_N if glu else SKINNY_N, SKINNY_K[itemsize]
+def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4) -> tuple[int, int, int]:
+    """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows against a weight of n outputs
+    (a gated unit's: of each half) and `itemsize` bytes a value: the batch bucket's rows (16 or
+    32, an mma's width; 64 and 128 rows run as 2 and 4 blocks of 32) against the same TILE_N x
+    TILE_K weight tiles at every bucket, so a row's products and its norm's sums are added in
+    the same order whatever rows share its block."""
+    tile_n = (SKINNY_GLU_N if glu else SKINNY_N) * (2 if itemsize == 2 and n >= WIDE_N else 1)
+    return min(SKINNY_M, max(16, next_pow2(m))), tile_n, SKINNY_K[itemsize]
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, sms: int = 132) -> tuple[int, int]:
@@ -353,7 +359,7 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
     measured slower from half a wave up, tools/sweep_gemm.py at 4f7986f)."""
     if not sequence and m <= DECODE_ROWS:
-        return "skinny", skinny_tiles(m, glu, itemsize)
+        return "skinny", skinny_tiles(m, n, glu, itemsize)
     tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
@@ -378,13 +384,13 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     if m == 0:
         return y.reshape(*x.shape[:-1], n)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
-    mode = mma_mode(weight.dtype, large=sequence or m > DECODE_ROWS)
+    mode = mma_mode(weight.dtype)
     plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize)
     rms = isinstance(norm, RMSNorm)
     in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
         x2 = norm(x2, out_dtype=BF16 if mode == BF16_MMA else np.float32)
-    elif mode == BF16_MMA:
+    elif mode == BF16_MMA and plan[0] == "tiles":     # the skinny kernel rounds x as it loads it
         x2 = to_bf16(x2)
     code = (RMS if rms else LAYER) if in_kernel else NO_NORM
     eps = float(norm.eps) if in_kernel else 0.0

@@ -5,13 +5,14 @@ torch.set_float32_matmul_precision names them.
 allow_tf32. 'highest': 3xTF32, each input split into a TF32 high part and a TF32 remainder,
 a @ b ~ ah@bh + ah@bl + al@bh, which recovers fp32 accuracy for three times the tensor-core
 work. Deep models drift from an fp32 reference under TF32 (GLM-ASR's 60 layers reach ~3e-3
-relative error in the logits); 'highest' is how to match it. 'medium': the large products
-(more than DECODE_ROWS rows: encoders, prefills) of bfloat16 weights take bfloat16 inputs,
-fp32 accumulation, at twice TF32's tensor-core rate; their inputs are stored in bfloat16 by
-the kernels that produce them (norms, the first MLP projection) and rounded once otherwise.
-Decode steps, which stream weights and gain nothing from it, keep TF32, and so does attention:
-the residual stream, every accumulation and every norm stay float32 (torch's bf16 autocast
-rounds all of them).
+relative error in the logits); 'highest' is how to match it. 'medium': the products of
+bfloat16 weights take bfloat16 inputs, fp32 accumulation: twice TF32's tensor-core rate for
+the large products (encoders, prefills), whose inputs the kernels producing them store in
+bfloat16 (norms, the first MLP projection), and for a decode step's products no widening of
+the weight tiles, only x rounded in registers (GLM-ASR's gate/up at 64 rows 90 -> 72 us, H100).
+Attention keeps TF32 (bfloat16 flash attention ran GLM-ASR's encoder 608 -> 493 us for 8
+windows on an H100, not adopted: docs/performance.md). The residual stream, every
+accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rounds them all).
 """
 from __future__ import annotations
 
@@ -36,26 +37,23 @@ def get_matmul_precision() -> str:
     return _state["precision"]
 
 
-def mma_mode(weight_dtype=None, large: bool = False) -> int:
-    """The kernels' MMA mode for a product by a weight of weight_dtype (None: attention); large:
-    a sequence's product (a prompt, an encoder window) or one of more than DECODE_ROWS rows.
-    BF16 only at 'medium', for a large product of a bfloat16 weight."""
+def mma_mode(weight_dtype=None) -> int:
+    """The kernels' MMA mode for a product by a weight of weight_dtype (None: attention): BF16
+    only at 'medium', for a bfloat16 weight."""
     p = _state["precision"]
     if p == "highest":
         return TF32X3
-    if p == "medium" and large and weight_dtype is not None and np.dtype(weight_dtype).itemsize == 2:
+    if p == "medium" and weight_dtype is not None and np.dtype(weight_dtype).itemsize == 2:
         return BF16
     return TF32
 
 
-def input_dtype(x_shape: tuple, weight) -> np.dtype:
-    """The dtype a product's input (of shape x_shape) is best produced in: bfloat16 where the
-    product runs in BF16 mode."""
+def input_dtype(weight) -> np.dtype:
+    """The dtype the input of a product by `weight` is best produced in: bfloat16 where the
+    product runs in BF16 mode (it rounds its input so anyway)."""
     from .weights import BF16 as BF16_DTYPE
 
-    rows = int(np.prod(x_shape[:-1]))
-    large = (len(x_shape) >= 3 and x_shape[-2] > 1) or rows > DECODE_ROWS
-    return BF16_DTYPE if mma_mode(weight.dtype, large) == BF16 else np.dtype(np.float32)
+    return BF16_DTYPE if mma_mode(weight.dtype) == BF16 else np.dtype(np.float32)
 
 
 def mma(a, b, acc, MODE):
