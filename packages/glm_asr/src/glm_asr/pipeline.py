@@ -29,7 +29,8 @@ from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
-READERS = 4                # files read at once (CPU threads)
+READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
+                           # 16-core host (vad.pooled_probs); 4 left half of them idle (docs/performance.md)
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
 _END = object()             # a source iterator's end
