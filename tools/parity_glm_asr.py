@@ -9,8 +9,9 @@ is published (--weights fp32: in float32), loads it with our loader onto the GPU
 checkpoint's matrices stay bfloat16 there), runs transformers on it in float32, and for the
 same synthetic audio compares: input features with
 WhisperFeatureExtractor(feature_size=128) (max abs diff, bound 1e-4), prefill logits
-(relative error, bound 1e-3; at precision bf16 beside transformers' own bf16 run), the logits of 32 decode steps teacher forced with
-transformers' greedy tokens (each step's relative error, bound 1e-3: the decode kernels), and
+(relative error, bound 1e-3; at precision bf16 beside transformers' own bf16 run), the
+logits of 32 decode steps teacher forced with transformers' greedy tokens (each step's relative
+error, bound 1e-3: the decode kernels; at bf16 beside transformers' own bf16 run), and
 the 32 greedy tokens (ours through tilekernels.runtime's ModelRunner, as transcription
 decodes): identical up to transformers' first near-tie (greedy_agreement), which random
 weights make, and one of its two there.

@@ -14,7 +14,8 @@ own kernel first (storing bfloat16 where the product takes it).
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
   skinny kernel, weights as the A operand of a TF32 mma (bfloat16 at 'medium' for bfloat16
-  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights) per block against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
+  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights) per block
+  against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
   merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
   the same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
