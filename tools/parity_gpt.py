@@ -5,7 +5,10 @@
 Builds GPT2LMHeadModel at the gpt2 (124M) config with seeded random weights, saves it
 with save_pretrained (safetensors), loads it with our loader onto the GPU and compares
 prefill logits on a 64-token prompt (relative error, TF32 bound 1e-3) and 64 greedy
-tokens (must be identical). Does the same for the embedded Shakespeare model.
+tokens (must be identical). Does the same for the embedded Shakespeare model. At precision
+bf16 (bfloat16 matrices and products): the prefill logits and those of the 64 decode steps
+teacher forced with transformers' greedy tokens, against transformers fp32, beside
+transformers' own bfloat16 model on the same tokens (the bar bf16 must clear).
 """
 from __future__ import annotations
 
@@ -19,7 +22,46 @@ import numpy as np
 
 from benchlib import gpu_name, versions, write_result
 from gpt.model import GPT
-from tilekernels.runtime import GREEDY, Engine, generate
+from tilekernels.runtime import GREEDY, Engine, generate, set_precision
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def bf16_parity(directory: Path, hf, prompt: list[int], tokens: list[int]) -> dict:
+    """Precision bf16 against transformers fp32, beside transformers' own bfloat16 model: the
+    prefill logits, and each decode step's (one token at a time through the decode kernels)
+    fed transformers' greedy tokens; relative errors, the largest over the steps."""
+    import torch
+
+    seq = torch.tensor([prompt + tokens], device="cuda")
+    with torch.no_grad():
+        ref = hf(seq).logits[0].double().cpu().numpy()
+        hf.to(torch.bfloat16)
+        theirs = hf(seq).logits[0].double().cpu().numpy()
+        hf.to(torch.float32)
+    n = len(prompt)
+    set_precision("bf16")
+    try:
+        ours = GPT.load(directory, "gpu")
+        cache = ours.new_cache(1, len(prompt) + len(tokens))
+        pre = cupy.asnumpy(ours.forward(cupy.asarray([prompt]), cupy.arange(n)[None], cache, last_only=False))[0]
+        steps = [cupy.asnumpy(ours.forward(cupy.asarray([[t]]), cupy.asarray([[n + i]]), cache))[0]
+                 for i, t in enumerate(tokens[:-1])]
+    finally:
+        set_precision("tf32")
+    forced = max(rel_err(g, r) for g, r in zip(steps, ref[n:]))
+    hf_forced = max(rel_err(g, r) for g, r in zip(theirs[n:n + len(steps)], ref[n:]))
+    row = {"prefill_logits_rel_err_bf16": rel_err(pre, ref[:n]), "transformers_bf16_prefill_rel_err": rel_err(theirs[:n], ref[:n]),
+           "teacher_forced_steps": len(steps), "teacher_forced_logits_rel_err_max_bf16": forced,
+           "transformers_bf16_teacher_forced_rel_err_max": hf_forced}
+    row["bf16_at_least_as_good_as_transformers_bf16"] = (row["prefill_logits_rel_err_bf16"] <= row[
+        "transformers_bf16_prefill_rel_err"] and forced <= hf_forced)
+    print(f"  bf16: prefill logits rel err {row['prefill_logits_rel_err_bf16']:.2e} (transformers bf16 "
+          f"{row['transformers_bf16_prefill_rel_err']:.2e}), teacher-forced decode max {forced:.2e} "
+          f"(transformers bf16 {hf_forced:.2e})")
+    return row
 
 
 def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int = 64) -> dict:
@@ -43,6 +85,8 @@ def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int =
            "first_mismatch": next((i for i, (a, b) in enumerate(zip(out, hf_tokens)) if a != b), None),
            "ours": out, "transformers": hf_tokens}
     print(f"{name}: logits rel err {rel:.2e}, {len(hf_tokens)} greedy tokens identical: {out == hf_tokens}")
+    if len(hf_tokens) > 1:
+        row.update(bf16_parity(directory, hf, prompt, hf_tokens))
     return row
 
 

@@ -1,6 +1,6 @@
 """The continuous-batching engine on the GPU at gpt2's real size (random weights in the HF layout):
 a request's tokens are the same alone and in batches of 8 and 64 with ragged prompts, mid-run
-arrivals and settings of its own; at precision bf16 with a bfloat16 KV cache too."""
+arrivals and settings of its own; at precision bf16 (bfloat16 matrices and KV cache) too."""
 from __future__ import annotations
 
 import sys
@@ -20,12 +20,9 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def gpt2(tmp_path_factory):
-    from gpt.model import GPT
-
-    d = make_gpt2(tmp_path_factory.mktemp("gpt2"), n_embd=768, n_head=12, n_layer=12, n_positions=1024,
-                  vocab=50257)
-    return GPT.load(d, "gpu")
+def gpt2_dir(tmp_path_factory):
+    return make_gpt2(tmp_path_factory.mktemp("gpt2"), n_embd=768, n_head=12, n_layer=12, n_positions=1024,
+                     vocab=50257)
 
 
 def workload(seed: int, n: int, longest: int = 300, most_new: int = 40):
@@ -35,9 +32,10 @@ def workload(seed: int, n: int, longest: int = 300, most_new: int = 40):
 
 
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
-def test_tokens_do_not_depend_on_the_batch(gpt2, precision):
+def test_tokens_do_not_depend_on_the_batch(gpt2_dir, precision):
     """Greedy and sampled rows (each with its own settings and seed) decode the same tokens
     alone, in batches of 8 joining as others finish, and 64 at once."""
+    from gpt.model import GPT
     from tilekernels.runtime import set_precision
 
     work = workload(0, 40)
@@ -47,6 +45,8 @@ def test_tokens_do_not_depend_on_the_batch(gpt2, precision):
     seeds = list(range(len(work)))
     set_precision(precision)
     try:
+        gpt2 = GPT.load(gpt2_dir, "gpu")        # at bf16: bfloat16 matrices
+        assert (gpt2.blocks[0].fc1[0].dtype == tk.weights.BF16) == (precision == "bf16")
         with device_stream(gpt2.xp):
             kv = tk.weights.BF16 if precision == "bf16" else np.float32
             one = Engine(gpt2, 1, kv_dtype=kv)

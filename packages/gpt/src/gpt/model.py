@@ -54,9 +54,14 @@ class GPT:
         return model.to(device)
 
     def to(self, device: str) -> "GPT":
-        """Move every weight to 'cpu' (numpy) or 'gpu' (cupy)."""
-        w = move_weights((self.wte, self.wpe, self.blocks, self.ln_f, self.lm_head), device)
-        return GPT(self.config, *w)
+        """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). At precision bf16 (tk matmul
+        precision 'medium') the GPU's projection and head matrices are bfloat16, rounded as
+        transformers' bfloat16 model rounds them: half the bytes a decode step streams, and
+        bfloat16 products (the embedding tables, biases and norms stay float32)."""
+        rounded = tk.get_matmul_precision() == "medium"
+        tables = move_weights((self.wte, self.wpe, self.ln_f), device)
+        blocks, lm_head = move_weights((self.blocks, self.lm_head), device, rounded=rounded)
+        return GPT(self.config, tables[0], tables[1], blocks, tables[2], lm_head)
 
     # ------------------------------------------------------------ inference
     def new_cache(self, batch: int, length: int, dtype=np.float32) -> KVCache:

@@ -36,11 +36,13 @@ def pick_device(choice: str) -> str:
     return "cpu"
 
 
-def move_weights(tree, device: str, compact: bool = False):
+def move_weights(tree, device: str, compact: bool = False, rounded: bool = False):
     """A copy of a weight tree (arrays inside tuples, lists, dicts and dataclasses) on
     'cpu' (numpy, float32) or 'gpu' (cupy); an array referenced twice (tied weights) stays
     shared. compact: on the GPU a matrix of bfloat16 values (a bfloat16 checkpoint) is
-    stored as bfloat16, which is exact (tk.compact)."""
+    stored as bfloat16, which is exact (tk.compact). rounded: on the GPU every matrix is
+    stored as bfloat16, rounded to nearest (a float32 checkpoint at precision bf16, as
+    transformers' bfloat16 model holds its weights)."""
     import dataclasses
 
     import tilekernels as tk
@@ -50,6 +52,8 @@ def move_weights(tree, device: str, compact: bool = False):
 
         def move(a):
             a = cupy.asarray(a)
+            if a.ndim == 2 and rounded:
+                return tk.weights.to_bf16(a)
             return tk.compact(a) if compact and a.ndim == 2 else a
     elif device == "cpu":
         def move(a):

@@ -1,18 +1,24 @@
 """The continuous-batching engine both models run on: requests join the running batch at any
 step and leave it the step they finish, their slot going to the next waiting request.
 
-Each step admits what fits (scheduler.py), prefills it (runner.py: ragged prompts in one
-batch, at most prefill_tokens of them, so running rows wait little), then runs up to CHAIN
-decode steps of every running row from one replayed chain of CUDA graphs, and folds the tokens
-into the requests (sequence.py: eos, stop strings, length).
+When no decode is under way, a step admits what fits (scheduler.py), prefills it (runner.py:
+ragged prompts in one batch, at most prefill_tokens of them, so running rows wait little) and
+starts a flow: the running rows' decode steps, replayed CHAIN at a time from chains of CUDA
+graphs. Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
+strings, length) while the GPU already runs the next replay, so the host's share of a step
+(tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or one
+replay after a waiting request could take a freed slot (the replay already queued still
+counts), and the next step admits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
 
 from . import precision
 from .device import device_stream
-from .graphs import CHAIN
 from .protocol import DecoderModel
 from .runner import BUCKETS, ModelRunner
 from .scheduler import Scheduler
@@ -54,10 +60,15 @@ class Engine:
         self.model, self.max_batch = model, max_batch
         self.capacity = capacity or min(CAPACITY, model.max_positions)
         kv_dtype = precision.kv_dtype(model.xp) if kv_dtype is None else kv_dtype
-        with device_stream(model.xp):
+        self.stream = device_stream(model.xp)      # all of the engine's GPU work, in order
+        with self.stream:
             self.runner = ModelRunner(model, max_batch, self.capacity, kv_dtype)
         self.scheduler = Scheduler(self.runner.slots, max_batch, prefill_tokens)
         self.last: dict[int, int] = {}      # slot -> its last token (the next step's input)
+        self.flow: Iterator[np.ndarray] | None = None     # the decode under way (runner.decode)
+        self.flow_rows: dict = {}           # slot -> request, the rows it decodes
+        self.flow_left = 0                  # steps it has still to hand out
+        self.flow_on = False                # whether it may queue further replays
 
     def add(self, request: Request) -> None:
         """Queue a request; one that can never run raises ValueError here (the others go on)."""
@@ -82,29 +93,67 @@ class Engine:
         if request in self.scheduler.waiting:
             self.scheduler.waiting.remove(request)
         elif self.scheduler.running.get(request.slot) is request:
-            self._finish(request)
+            with self.stream:       # its row's settings reset in order with the engine's other work
+                self._finish(request)
 
     def step(self) -> list[Event]:
-        """Admit and prefill what fits, then decode the running rows a chain of steps."""
+        """Fold in the flow's next replay of tokens. Without a flow under way, or once a waiting
+        request can take a free slot (the flow's queued replay folded in first), admit and
+        prefill what fits and start a flow for the running rows."""
         events: list[Event] = []
-        with device_stream(self.model.xp):
-            admitted = self.scheduler.admit()
-            if admitted:
-                for r, tok in zip(admitted, self.runner.prefill(admitted)):
-                    events.append(self._push(r, int(tok)))
-            running = self.scheduler.running
-            if running:
-                ahead = max(r.remaining for r in running.values())
-                soonest = min(r.remaining for r in running.values())
-                room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)
-                steps = min(CHAIN, ahead, room)         # rows past their end keep writing: not past the slot
-                if self.scheduler.waiting and soonest < steps:      # free that slot for a waiting request
-                    steps = soonest
-                tokens = self.runner.decode(running, dict(self.last), steps)
-                for s in range(steps):
-                    for slot, r in list(running.items()):
-                        events.append(self._push(r, int(tokens[s, slot])))
+        s = self.scheduler
+        with self.stream:
+            if self.flow is not None:
+                if not any(self._runs(slot, r) for slot, r in self.flow_rows.items()):
+                    self._end_flow()        # its rows have all left (finished or cancelled)
+                elif s.waiting and len(s.running) < self.max_batch:
+                    self.flow_on = False    # the replay already queued is its last
+                    events += self._fold()
+            if self.flow is None:
+                admitted = s.admit()
+                if admitted:
+                    for r, tok in zip(admitted, self.runner.prefill(admitted)):
+                        events.append(self._push(r, int(tok)))
+                if s.running:
+                    self._start_flow()
+            if self.flow is not None:
+                events += self._fold()
         return events
+
+    def _fold(self) -> list[Event]:
+        """The flow's next replay of tokens into its requests still running (the GPU runs the
+        replay after it meanwhile, if one is queued); the flow ends with its last replay."""
+        final = not self.flow_on        # asked for no further replay: none is queued after this one
+        chunk = next(self.flow)
+        self.flow_left -= len(chunk)
+        live = [(slot, r) for slot, r in self.flow_rows.items() if self._runs(slot, r)]
+        for slot, _ in live:
+            self.runner.slots.length[slot] += len(chunk)
+        events = [self._push(r, int(tokens[slot])) for tokens in chunk for slot, r in live if not r.finished]
+        if final or self.flow_left <= 0:
+            self._end_flow()
+        return events
+
+    def _runs(self, slot: int, r: Request) -> bool:
+        return self.scheduler.running.get(slot) is r
+
+    def _start_flow(self) -> None:
+        """Decode the running rows as far as the furthest one needs (a row past its end computes
+        steps that are ignored), within every row's slot, and only until the first row to end by
+        length does while requests wait for a slot."""
+        running = self.scheduler.running
+        room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)
+        steps = min(max(r.remaining for r in running.values()), room)
+        if self.scheduler.waiting:
+            steps = min(steps, min(r.remaining for r in running.values()))
+        self.flow_rows, self.flow_left, self.flow_on = dict(running), steps, True
+        self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on)
+
+    def _end_flow(self) -> None:
+        """Drop the flow (a replay it queued may still run: the next one's start waits for it)."""
+        if self.flow is not None:
+            self.flow.close()
+        self.flow, self.flow_rows, self.flow_left = None, {}, 0
 
     def _push(self, r: Request, token: int) -> Event:
         piece = r.push(token)
@@ -118,3 +167,4 @@ class Engine:
         self.scheduler.finish(r)
         self.runner.release(r.slot)
         self.last.pop(r.slot, None)
+

@@ -57,7 +57,7 @@ class DecodeGraph:
     Every captured step ends in the sampler's launches (one argmax when greedy), the last of
     which also advances positions and span and gathers the chosen tokens' embeddings into the
     other of two input buffers, so steps chain on the device with no host work between them:
-    tokens replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
+    chunks replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
     tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
     decode-profile-gpt2-b1-h100.json at 70d8217).
     Create and call it under a non-default cupy stream (graphs cannot capture the legacy
@@ -160,27 +160,58 @@ class DecodeGraph:
         self.cache.length += replay.n
         return stream.record()
 
-    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
-        """The (B,) tokens the sampler picks in `steps` steps starting from ids at positions.
+    def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int,
+               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+        """The tokens the sampler picks in `steps` steps from ids at positions, a replay at a
+        time: (n, B) arrays, chains of CHAIN steps then single steps (chunk_sizes).
 
-        Replays of CHAIN steps, then single steps for the rest, each queued before the host
-        waits for the one before it, so the GPU never waits for the host; the host reads each
-        replay's tokens from pinned memory. Stopping early leaves at most one replay's steps
-        extra in the cache, never more than `steps` in all.
+        Each replay is queued before the host waits for the one before it, so the GPU runs the
+        next replay while the caller handles these tokens. go_on() is asked before each further
+        replay is queued: once it says False, the replay already queued is still handed out and
+        then the iteration ends. Stopping it otherwise leaves at most one replay's steps extra in
+        the cache, never more than `steps` in all.
         """
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
         self._seed(ids, positions)
-        replays = [self.chains[c % 2] for c in range(steps // CHAIN)]
-        replays += [self.single[s % 2] for s in range(steps % CHAIN)]   # a chain ends where it began, at x[0]
-        ready = self._launch(replays[0]) if replays else None
-        for j, replay in enumerate(replays):
-            after = self._launch(replays[j + 1]) if j + 1 < len(replays) else None
+        sizes = chunk_sizes(steps)
+        n_chains = sizes.count(CHAIN) if CHAIN > 1 else 0
+        # a chain ends where it began, at x[0]; consecutive replays are different graphs, so a
+        # graph's pinned buffers are read before it is queued again
+        replays = [self.chains[c % 2] for c in range(n_chains)]
+        replays += [self.single[s % 2] for s in range(len(sizes) - n_chains)]
+
+        def collect(launched):
+            replay, ready = launched
             ready.synchronize()
-            tokens = replay.tokens.copy()
-            ready = after
-            yield from tokens
+            return replay.tokens.copy()
+        yield from pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect, go_on)
+
+    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
+        """chunks' tokens a step at a time: (B,) arrays."""
+        for chunk in self.chunks(ids, positions, steps):
+            yield from chunk
+
+
+def chunk_sizes(steps: int) -> list[int]:
+    """How `steps` decode steps are replayed: chains of CHAIN, then single steps."""
+    return [CHAIN] * (steps // CHAIN) + [1] * (steps % CHAIN)
+
+
+def pipelined(launches: list[Callable], collect: Callable, go_on: Callable[[], bool] | None = None) -> Iterator:
+    """collect(launch()) for each launch in order, the next one launched before this one is
+    collected (so the device works while the caller handles a result); once go_on() says
+    False no further one is launched, and the one already launched is still collected."""
+    if not launches:
+        return
+    pending = launches[0]()
+    for j in range(len(launches)):
+        nxt = launches[j + 1]() if j + 1 < len(launches) and (go_on is None or go_on()) else None
+        yield collect(pending)
+        if nxt is None:
+            return
+        pending = nxt
 
 
 class ShapeGraphs:
@@ -203,7 +234,7 @@ class ShapeGraphs:
         key = (tuple((a.shape, a.dtype.str) for a in arrays), get_matmul_precision())
         if key not in self.graphs:
             self.graphs[key] = self._capture(arrays)
-        inputs, out, graph, _ = self.graphs[key]
+        inputs, out, graph, *_ = self.graphs[key]
         for buf, a in zip(inputs, arrays):
             buf[...] = a
         graph.launch(cupy.cuda.get_current_stream())
@@ -223,7 +254,9 @@ class ShapeGraphs:
             out = self.fn(*inputs)
             graph = stream.end_capture()
         current.wait_event(stream.record())
-        return inputs, out, graph, pool
+        # the stream is kept with the graph: kernels' counters are per stream (last_block_counters),
+        # and a stream made later at a freed one's address would share the graph's
+        return inputs, out, graph, pool, stream
 
 
 def graphed(xp, fn: Callable) -> Callable:

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .graphs import DecodeGraph, ShapeGraphs, step_input
+from .graphs import DecodeGraph, ShapeGraphs, chunk_sizes, pipelined, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
 from .sampling import Mode, Sampler
@@ -23,19 +23,26 @@ GRAPHED_PREFILL = 2048      # padded prompt tokens up to which a prefill replays
 
 
 class PlainDecoder:
-    """DecodeGraph's tokens for numpy arrays: each step simply runs (CPU)."""
+    """DecodeGraph's chunks for numpy arrays: the steps simply run (CPU), a chunk as the GPU
+    replays them, each computed before the one before it is handed out, as the GPU queues it."""
 
     def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler):
         (self.table, self.pos_table), self.step, self.cache, self.sampler = embed, step, cache, sampler
 
-    def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
-        positions = np.asarray(positions).reshape(-1, 1)
-        for s in range(steps):
-            self.cache.begin(1)
-            self.cache.lengths[...] = positions[:, 0] + s
-            logits = self.step(step_input(np.asarray(ids).reshape(-1, 1), positions + s, self.table, self.pos_table))
-            ids = self.sampler.pick(logits)
-            yield ids
+    def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int,
+               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+        at = {"ids": np.asarray(ids).reshape(-1, 1), "pos": np.asarray(positions).reshape(-1, 1)}
+
+        def run(n: int) -> np.ndarray:
+            out = []
+            for _ in range(n):
+                self.cache.begin(1)
+                self.cache.lengths[...] = at["pos"][:, 0]
+                logits = self.step(step_input(at["ids"], at["pos"], self.table, self.pos_table))
+                out.append(self.sampler.pick(logits))
+                at["ids"], at["pos"] = out[-1].reshape(-1, 1), at["pos"] + 1
+            return np.array(out)
+        yield from pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out, go_on)
 
 
 def bucket(rows: int) -> int:
@@ -148,9 +155,12 @@ class ModelRunner:
                 self.sampler.seen[...] = seen
         return self.decoders[key]
 
-    def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int) -> np.ndarray:
-        """`steps` tokens (steps, rows) for the running slots from their last tokens (ids by slot);
-        each running slot's length advances by steps."""
+    def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int,
+               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+        """Up to `steps` tokens of the running slots from their last tokens (ids by slot), a
+        replay at a time: (n, rows) arrays, the next replay already running while the caller
+        handles one (DecodeGraph.chunks: go_on). The caller advances the lengths of the slots
+        still running by each chunk's steps (Engine)."""
         slots = self.slots
         rows = min(bucket(max(requests) + 1), slots.rows)
         dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
@@ -159,6 +169,5 @@ class ModelRunner:
         positions = slots.length[:rows].copy()       # free rows: 0 (their columns are overwritten on reuse)
         for slot, tok in ids.items():
             first[slot] = tok
-        out = np.array([np.asarray(tok) for tok in dec.tokens(first, positions, steps)]).reshape(steps, rows)
-        slots.length[list(requests)] += steps
-        return out
+        for chunk in dec.chunks(first, positions, steps, go_on):
+            yield chunk.reshape(len(chunk), rows)
