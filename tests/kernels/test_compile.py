@@ -145,7 +145,7 @@ def specializations():
                                  (True, d == 128, ct.uint16), (False, False, ct.uint16)):
             for rows in (False, True) if new else (False,):     # rows: the engine's slots, lengths (B,) int64
                 lengths = arr(1, dtype=ct.int64) if rows else iarr(1)
-                kernel = decode_attn.decode_kernel_occupancy2 if kv == ct.uint16 else decode_attn.decode_kernel
+                kernel = decode_attn.decode_kernel_for(2 if kv == ct.uint16 else 4, d)
                 out.append((f"decode-{d}-new{new}-rope{rope_on}-{kv}-rows{rows}", kernel,
                             [arr(4, False), arr(4, False, kv), arr(4, False, kv), arr(4, False), arr(4, False), arr(4),
                              arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32, I32, d,

@@ -157,8 +157,18 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 
 # Two blocks an SM for a bfloat16 cache: 1.6-1.9x faster at batch 32-64 (docs/performance.md) and
 # exact; with a float32 cache at D = 128 the merged output came out wrong now and then (H100, cuda.tile
-# 1.7.0), so a float32 cache keeps one.
+# 1.7.0), so a float32 cache keeps one. Four at D = 64, whose tiles are half as large: gpt2's 12 heads
+# at batch 32 / 128 15.5 / 68.5 -> 11.8 / 58.2 us, the same bits (at D = 128 GLM-ASR's batch 1 ran
+# slower, 20.0 -> 22.5 us; H100, tileiras 13.5.37)
 decode_kernel_occupancy2 = ct.kernel(decode_kernel._pyfunc, occupancy=2)
+decode_kernel_occupancy4 = ct.kernel(decode_kernel._pyfunc, occupancy=4)
+
+
+def decode_kernel_for(itemsize: int, d: int):
+    """The decode kernel's copy for a cache of itemsize bytes a value and head dim d (blocks an SM)."""
+    if itemsize == 4:
+        return decode_kernel
+    return decode_kernel_occupancy4 if d <= 64 else decode_kernel_occupancy2
 
 
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
@@ -183,7 +193,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
     counters = last_block_counters(bsz * hkv)
     kn, vn = new if new is not None else (q, q)
     cos, sin, half = rope if rope is not None else (q, q, 0)
-    launch((bsz * hkv, chunks, 1), decode_kernel_occupancy2 if k.dtype.itemsize == 2 else decode_kernel,
+    launch((bsz * hkv, chunks, 1), decode_kernel_for(k.dtype.itemsize, d),
            (q, k, v, kn, vn, out, po, pm, pl, counters, kv_start, kv_len, cos, sin, scale_log2, half, per, d, tile_g,
             tile_n, mode, new is not None, rope is not None, rows))
     return out.reshape(bsz, hkv * group, 1, d)
