@@ -99,14 +99,13 @@ class GlmAsr:
     def to(self, device: str) -> "GlmAsr":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). On the GPU the text decoder's
         matrices, which every decode step streams, stay bfloat16 when the checkpoint's are (exact,
-        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100). At precision bf16 (tk
-        matmul precision 'medium') the encoder's and projector's matrices are bfloat16 too, the
-        query-key-value ones (a LayerNorm folded in) rounded, so all of its products take
-        bfloat16 inputs; otherwise float32, whose TF32 products ran slower widening bfloat16 tiles
-        (12.4 -> 13.8 ms a window, prefill-profile-glm-asr-w1-h100-bf16-encoder.json at 4f7986f)."""
+        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's too at
+        precision bf16 (tk matmul precision 'medium'), whose products then take bfloat16 inputs,
+        and float32 otherwise, whose TF32 products ran slower widening bfloat16 tiles (12.4 -> 13.8
+        ms a window, prefill-profile-glm-asr-w1-h100-bf16-encoder.json at 4f7986f)."""
         text = ("decoder", "embed", "lm_head", "norm")
         whole = tk.get_matmul_precision() == "medium"
-        moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device, rounded=whole)
+        moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device, compact=whole)
         moved.update(move_weights({k: self.w[k] for k in text}, device, compact=True))
         return GlmAsr(self.config, moved)
 
