@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from tilekernels.runtime import CheckpointError, pick_device, resolve, set_precision
+from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
 from .pipeline import ENCODER_BATCH, MAX_BATCH, Transcriber
@@ -67,7 +68,7 @@ def _one_line():
 
 
 def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None, max_batch: int = MAX_BATCH,
-         encoder_batch: int = ENCODER_BATCH, precision: str = "bf16") -> "SpeechRecognizer":
+         encoder_batch: int = ENCODER_BATCH, precision: str = DEFAULT_PRECISION) -> "SpeechRecognizer":
     """GLM-ASR from a hub id (through the HF cache) or a local checkpoint directory, on device
     'auto' (the GPU when one works), 'gpu' or 'cpu'. max_batch: the most windows decoding at
     once; encoder_batch: windows encoded together; precision (GPU): 'bf16', 'tf32' or 'fp32'

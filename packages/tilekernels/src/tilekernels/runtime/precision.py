@@ -1,16 +1,20 @@
 """One name for the precision a model runs at, as the command lines and APIs take it.
 
-- tf32 (DEFAULT, gpt's: a float32 checkpoint has no bfloat16 weights to gain from bf16): every
-  product on TF32 tensor cores ('high').
-- bf16 (GLM-ASR's default): the large products (encoders, prefills) of bfloat16 weights on
-  bfloat16 inputs with float32 accumulation; decode-step products stay TF32, the residual stream,
-  norms and softmax float32 (tk matmul precision 'medium'). GLM-ASR's prefill logits then agree
-  with transformers' fp32 to 5.4e-3, transformers' own bf16 run to 2.3e-2
-  (glm_asr-parity-h100.json).
+- bf16 (DEFAULT): products on bfloat16 inputs with float32 accumulation, of bfloat16 matrices:
+  a bfloat16 checkpoint's as published (GLM-ASR's decoder), a float32 one's rounded as
+  transformers' bfloat16 model rounds them (gpt; GLM-ASR's encoder keeps its folded
+  query-key-value matrices float32: TF32). The residual stream, every accumulation, the norms,
+  attention and the softmax stay float32 (tk matmul precision 'medium'). It is the default
+  because it is the fastest precision whose logits agree with transformers fp32 at least as
+  well as transformers' own bfloat16 model does (gpt2: prefill 6.6e-3 against 1.2e-2, decode
+  steps 9.8e-3 against 1.3e-2, gpt-parity-h200.json; GLM-ASR: 5.6e-3 against 2.3e-2, decode
+  steps 6.5e-3 against 2.5e-2, glm_asr-parity-h100.json).
+- tf32: every product on TF32 tensor cores ('high'), float32 matrices.
 - fp32: float32-accurate products (3xTF32, 'highest').
 
 On the GPU the KV cache follows: bfloat16 keys and values at bf16 (half the bytes a decode step
-reads), float32 otherwise; the CPU's is always float32. Engine(kv_dtype=...) overrides it.
+reads), float32 otherwise; the CPU's is always float32, and the CPU computes in float32 at any
+precision. Engine(kv_dtype=...) overrides it.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import tilekernels as tk
 from tilekernels.weights import BF16
 
 PRECISIONS = {"bf16": "medium", "tf32": "high", "fp32": "highest"}
-DEFAULT = "tf32"
+DEFAULT = "bf16"
 
 
 def set_precision(name: str) -> None:
