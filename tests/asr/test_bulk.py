@@ -283,3 +283,45 @@ def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
         (tmp_path / f).write_text("")
     bulk._remove_stale_temporaries(tmp_path, {"long.json", "x.txt"})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
+
+
+def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
+    """A task's files go through one batched pipeline; should it fail mid-task (a device error, say),
+    the files it had not finished are done one by one, each with its own result: the one already
+    written stays, a bad file is an error of its own, the rest are written."""
+    from types import SimpleNamespace
+
+    from glm_asr.api import Segment, Transcript
+
+    calls = []
+
+    class Recognizer:
+        transcriber = SimpleNamespace(check=lambda *a: None)
+
+        def transcribe_many(self, paths, **kw):
+            calls.append(("many", list(paths)))
+            yield Transcript(paths[0], [Segment(0.0, 1.0, "first")], seconds=1.0)
+            raise RuntimeError("the device went away")
+
+        def transcribe(self, path, **kw):
+            calls.append(("one", path))
+            if path.endswith("bad.wav"):
+                raise ValueError(f"{path}: not audio")
+            return Transcript(path, [Segment(0.0, 2.0, Path(path).stem)], seconds=2.0)
+
+    job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(tmp_path),
+           "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
+           "output_format": "txt"}
+    bulk._CACHE.clear()
+    bulk._CACHE[bulk._model_key(job)] = (Recognizer(), "cpu")
+    try:
+        files = [(f"src/{n}", f"/audio/{n}", n.replace(".wav", ".txt")) for n in ("a.wav", "bad.wav", "c.wav")]
+        results = bulk.transcribe_files(files, job)
+    finally:
+        bulk._CACHE.clear()
+    assert calls == [("many", ["/audio/a.wav", "/audio/bad.wav", "/audio/c.wav"]), ("one", "/audio/bad.wav"),
+                     ("one", "/audio/c.wav")]
+    assert [r["error"] for r in results] == [None, "not audio", None]
+    assert [r["seconds"] for r in results] == [1.0, 0.0, 2.0]
+    assert (tmp_path / "a.txt").read_text().strip() == "first" and (tmp_path / "c.txt").read_text().strip() == "c"
+    assert not (tmp_path / "bad.txt").exists()

@@ -193,7 +193,7 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
                for _, _, name in files]
     todo = [(f, r) for f, r in zip(files, results) if not r["exists"]]
     err = io.StringIO()
-    left = list(todo)
+    done = 0
     with _MODEL_LOCK, contextlib.redirect_stderr(err):     # warnings go back to the client
         try:
             transcripts = asr.transcribe_many([path for (_, path, _), _ in todo], prompt=job["prompt"],
@@ -201,14 +201,14 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
                                               audio_stream=job["audio_stream"], vad=job["vad"],
                                               vad_options=job["vad_options"])
             for ((source, path, name), r), t in zip(todo, transcripts):
-                left.pop(0)
                 r["seconds"] = t.seconds
                 if t.error is not None:
                     r["error"] = _reason(ValueError(t.error), path, source)
-                    continue
-                _write(job, out_dir, source, path, name, r, t)
+                else:
+                    _write(job, out_dir, source, path, name, r, t)
+                done += 1
         except Exception:   # noqa: BLE001 - the files not yet done go one by one: each keeps its own failure
-            for (source, path, name), r in left:
+            for (source, path, name), r in todo[done:]:
                 try:
                     t = asr.transcribe(path, prompt=job["prompt"], max_new_tokens=job["max_new_tokens"],
                                        audio_stream=job["audio_stream"], vad=job["vad"],

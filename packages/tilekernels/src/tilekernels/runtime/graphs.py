@@ -175,12 +175,10 @@ class DecodeGraph:
 
         cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
         self._seed(ids, positions)
-        sizes = chunk_sizes(steps)
-        n_chains = sizes.count(CHAIN) if CHAIN > 1 else 0
-        # a chain ends where it began, at x[0]; consecutive replays are different graphs, so a
-        # graph's pinned buffers are read before it is queued again
-        replays = [self.chains[c % 2] for c in range(n_chains)]
-        replays += [self.single[s % 2] for s in range(len(sizes) - n_chains)]
+        # chunk_sizes' replays: a chain ends where it began, at x[0]; consecutive replays are
+        # different graphs, so a graph's pinned buffers are read before it is queued again
+        replays = [self.chains[c % 2] for c in range(steps // CHAIN)]
+        replays += [self.single[s % 2] for s in range(steps % CHAIN)]
 
         def collect(launched):
             replay, ready = launched
