@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def default_precision():
+    """Every test starts at tilekernels' default matmul precision ('high'): loading a model through
+    the gpt or glm_asr API sets the process's precision (bf16 by default), which would otherwise
+    carry into the tests after it (GPT.load on the GPU rounds its matrices at bf16)."""
+    import tilekernels as tk
+
+    tk.set_matmul_precision("high")
+    yield
+    tk.set_matmul_precision("high")
+
+
 @pytest.fixture
 def rng():
     """A generator with a fresh seed every run (printed on failure for replay)."""
