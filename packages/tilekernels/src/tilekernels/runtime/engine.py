@@ -6,9 +6,9 @@ ragged prompts in one batch, at most prefill_tokens of them, so running rows wai
 starts a flow: the running rows' decode steps, replayed CHAIN at a time from chains of CUDA
 graphs. Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
 strings, length) while the GPU already runs the next replay, so the host's share of a step
-(tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or one
-replay after a waiting request could take a freed slot (the replay already queued still
-counts), and the next step admits.
+(tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or as
+soon as a waiting request can take a free slot: the replay already queued is folded in, and the
+same step admits and starts the next flow.
 """
 from __future__ import annotations
 
@@ -167,4 +167,3 @@ class Engine:
         self.scheduler.finish(r)
         self.runner.release(r.slot)
         self.last.pop(r.slot, None)
-
