@@ -11,7 +11,8 @@ workers as each file is done, so a re-run skips what exists and a crash costs on
 
 Each worker process loads the model once (kept in this module, keyed by model and device) and
 transcribes the files of each task it is given together, through the batched pipeline. Tasks are
-one file, or short ones making about task_seconds of audio (a batch's worth by default), submitted longest first with falling priority, at most WINDOW in
+one file, or short ones making about task_seconds of audio (a batch's worth by default),
+submitted longest first with falling priority, at most WINDOW in
 flight: a fast worker takes more of them (Dask's queuing and work stealing). A task returns, for
 each file, its output name, audio seconds and error (None when written). A worker that dies takes
 its task with it and Dask runs the task again elsewhere; outputs are written atomically under fixed
@@ -194,12 +195,10 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
     todo = [(f, r) for f, r in zip(files, results) if not r["exists"]]
     err = io.StringIO()
     done = 0
+    opts = {k: job[k] for k in ("prompt", "max_new_tokens", "audio_stream", "vad", "vad_options")}
     with _MODEL_LOCK, contextlib.redirect_stderr(err):     # warnings go back to the client
         try:
-            transcripts = asr.transcribe_many([path for (_, path, _), _ in todo], prompt=job["prompt"],
-                                              max_new_tokens=job["max_new_tokens"],
-                                              audio_stream=job["audio_stream"], vad=job["vad"],
-                                              vad_options=job["vad_options"])
+            transcripts = asr.transcribe_many([path for (_, path, _), _ in todo], **opts)
             for ((source, path, name), r), t in zip(todo, transcripts):
                 r["seconds"] = t.seconds
                 if t.error is not None:
@@ -210,9 +209,7 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
         except Exception:   # noqa: BLE001 - the files not yet done go one by one: each keeps its own failure
             for (source, path, name), r in todo[done:]:
                 try:
-                    t = asr.transcribe(path, prompt=job["prompt"], max_new_tokens=job["max_new_tokens"],
-                                       audio_stream=job["audio_stream"], vad=job["vad"],
-                                       vad_options=job["vad_options"])
+                    t = asr.transcribe(path, **opts)
                     r["seconds"] = t.seconds
                     _write(job, out_dir, source, path, name, r, t)
                 except (ValueError, OSError) as e:          # glm_asr.ASRError is a ValueError
