@@ -1,6 +1,7 @@
 """python -m glm_asr.bulk on Dask distributed (CPU, the tiny checkpoint): the same transcripts as the
 transcribe command line's output_dir, errors.jsonl, resume, a worker killed mid-run, a scheduler
 address; and the manifest, task planning and worker pinning as units."""
+import contextlib
 import json
 import os
 import shutil
@@ -146,13 +147,18 @@ def test_a_bad_checkpoint_is_one_error_line(cluster, corpus, tmp_path):
 
 
 def test_each_local_worker_has_its_own_environment(cluster):
-    """How gpus=N pins a worker to each GPU (CUDA_VISIBLE_DEVICES), seen through another variable;
-    in file order one of them is the process the Nanny restarted after the kill above."""
+    """How gpus=N pins a worker to each GPU (CUDA_VISIBLE_DEVICES), seen through another variable:
+    it is in the environment each worker process started with (/proc/self/environ), as
+    CUDA_VISIBLE_DEVICES must be before anything starts CUDA, not set once it runs. In file order
+    one of them is the process the Nanny restarted after the kill above."""
     from distributed import Client
 
+    def seen():
+        start = dict(v.split("=", 1) for v in Path("/proc/self/environ").read_text().split("\0") if "=" in v)
+        return start.get("GLM_ASR_TEST_PIN"), os.environ.get("OMP_NUM_THREADS")
+
     with Client(cluster) as client:
-        seen = client.run(lambda: (os.environ.get("GLM_ASR_TEST_PIN"), os.environ.get("OMP_NUM_THREADS")))
-    assert sorted(seen.values()) == [("0", "1"), ("1", "1")]
+        assert sorted(client.run(seen).values()) == [("0", "1"), ("1", "1")]
 
 
 def test_task_overhead(cluster):
@@ -285,6 +291,22 @@ def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
 
 
+@contextlib.contextmanager
+def worker_with(recognizer, out_dir: Path):
+    """A task's job on this process as a worker whose loaded model is recognizer (a stand-in for
+    glm_asr.SpeechRecognizer), its outputs in out_dir; the worker's model and feeds dropped after."""
+    job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(out_dir),
+           "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
+           "output_format": "txt"}
+    bulk._CACHE.clear()
+    bulk._CACHE[bulk._model_key(job)] = (recognizer, "cpu")
+    try:
+        yield job
+    finally:
+        bulk._CACHE.clear()
+        bulk._FEEDS.clear()
+
+
 def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
     """A task's files go through one batched pipeline; should it fail mid-task (a device error, say),
     the files it had not finished are done one by one, each with its own result: the one already
@@ -298,9 +320,10 @@ def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
     class Recognizer:
         transcriber = SimpleNamespace(check=lambda *a: None)
 
-        def transcribe_many(self, paths, **kw):
-            calls.append(("many", list(paths)))
-            yield Transcript(paths[0], [Segment(0.0, 1.0, "first")], seconds=1.0)
+        def transcribe_many(self, paths, **kw):      # a live source: None is "nothing new yet"
+            taken = [p for _, p in zip(range(3), filter(None, paths))]
+            calls.append(("many", taken))
+            yield Transcript(taken[0], [Segment(0.0, 1.0, "first")], seconds=1.0)
             raise RuntimeError("the device went away")
 
         def transcribe(self, path, **kw):
@@ -309,19 +332,57 @@ def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
                 raise ValueError(f"{path}: not audio")
             return Transcript(path, [Segment(0.0, 2.0, Path(path).stem)], seconds=2.0)
 
-    job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(tmp_path),
-           "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
-           "output_format": "txt"}
-    bulk._CACHE.clear()
-    bulk._CACHE[bulk._model_key(job)] = (Recognizer(), "cpu")
-    try:
+    with worker_with(Recognizer(), tmp_path) as job:
         files = [(f"src/{n}", f"/audio/{n}", n.replace(".wav", ".txt")) for n in ("a.wav", "bad.wav", "c.wav")]
         results = bulk.transcribe_files(files, job)
-    finally:
-        bulk._CACHE.clear()
     assert calls == [("many", ["/audio/a.wav", "/audio/bad.wav", "/audio/c.wav"]), ("one", "/audio/bad.wav"),
                      ("one", "/audio/c.wav")]
     assert [r["error"] for r in results] == [None, "not audio", None]
     assert [r["seconds"] for r in results] == [1.0, 0.0, 2.0]
     assert (tmp_path / "a.txt").read_text().strip() == "first" and (tmp_path / "c.txt").read_text().strip() == "c"
     assert not (tmp_path / "bad.txt").exists()
+
+
+def test_tasks_running_at_once_share_one_pipeline(tmp_path):
+    """A worker's two tasks feed one pipeline: the second task's files join the first's (the engine
+    does not drain between tasks), and each task gets back its own files' transcripts."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from glm_asr.api import Segment, Transcript
+
+    pipelines = []
+
+    class Recognizer:
+        transcriber = SimpleNamespace(check=lambda *a: None)
+
+        def transcribe_many(self, paths, **kw):     # holds its results until it has seen 4 files (or 10 s)
+            taken, deadline = [], time.monotonic() + 10
+            pipelines.append(taken)
+            for p in paths:
+                if p is None:
+                    time.sleep(0.005)
+                else:
+                    taken.append(p)
+                if len(taken) == 4 or time.monotonic() > deadline:
+                    break
+            for p in taken:
+                yield Transcript(p, [Segment(0.0, 1.0, Path(p).stem)], seconds=1.0)
+
+    results = {}
+    with worker_with(Recognizer(), tmp_path) as job:
+        tasks = {t: [(f"{n}.wav", f"/audio/{n}.wav", f"{n}.txt") for n in names]
+                 for t, names in (("A", ["a1", "a2"]), ("B", ["b1", "b2"]))}
+        threads = [threading.Thread(target=lambda t=t: results.update({t: bulk.transcribe_files(tasks[t], job)}))
+                   for t in tasks]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    assert len(pipelines) == 1 and sorted(pipelines[0]) == ["/audio/a1.wav", "/audio/a2.wav", "/audio/b1.wav",
+                                                             "/audio/b2.wav"]
+    for t, files in tasks.items():
+        assert [r["error"] for r in results[t]] == [None, None]
+        for _, _, name in files:
+            assert (tmp_path / name).read_text().strip() == Path(name).stem

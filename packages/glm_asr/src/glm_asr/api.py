@@ -122,7 +122,8 @@ class SpeechRecognizer:
         """transcribe of each input, all through one pipeline (windows of different files decode
         together), yielded in order as each completes; an input that cannot be transcribed
         yields a Transcript with .error set, and the others go on. ignore_eos: decode
-        max_new_tokens a window whatever comes (benchmarks: the same work every run)."""
+        max_new_tokens a window whatever comes (benchmarks: the same work every run). A live
+        iterable may yield None for "nothing new yet": the work in flight goes on."""
         with _one_line():
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
@@ -130,7 +131,7 @@ class SpeechRecognizer:
             def opener(name: str):
                 return lambda: Audio(stdin_to_file(scratch) if name == "-" else name, audio_stream, name=name)
 
-            sources = ((str(s), opener(str(s))) for s in inputs)
+            sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
                                                                           options, ignore_eos):
                 if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)):

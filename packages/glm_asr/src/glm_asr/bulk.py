@@ -10,13 +10,14 @@ workers as each file is done, so a re-run skips what exists and a crash costs on
     python -m glm_asr.bulk --overhead 10000     # the scheduler's cost per task (docs/scaling.md)
 
 Each worker process loads the model once (kept in this module, keyed by model and device) and
-transcribes the files of each task it is given together, through the batched pipeline. Tasks are
-one file, or short ones making about task_seconds of audio (a batch's worth by default),
-submitted longest first with falling priority, at most WINDOW in
-flight: a fast worker takes more of them (Dask's queuing and work stealing). A task returns, for
-each file, its output name, audio seconds and error (None when written). A worker that dies takes
-its task with it and Dask runs the task again elsewhere; outputs are written atomically under fixed
-names, so no transcript is lost, duplicated or half written. Unreadable files go to
+runs the files of the tasks it is given through one batched pipeline: a local worker runs two
+tasks at once (a `dask worker` started with --nthreads 2 does too), so the next task's files are
+read and encoded while the last one's still decode. Tasks are one file, or short ones making about
+task_seconds of audio (a batch's worth by default), submitted longest first with falling
+priority, at most WINDOW in flight: a fast worker takes more of them (Dask's queuing and work
+stealing). A task returns, for each file, its output name, audio seconds and error (None when
+written). A worker that dies takes its tasks with it and Dask runs them again elsewhere; outputs
+are written atomically under fixed names, so no transcript is lost, duplicated or half written. Unreadable files go to
 output_dir/errors.jsonl ({"path", "reason"} per line) and the run goes on (exit code 1).
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +118,10 @@ def plan_tasks(durations: list[float], task_seconds: float) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------ on the workers
-_MODEL_LOCK = threading.Lock()      # one thread at a time runs the model (a `dask worker` of several threads)
+_MODEL_LOCK = threading.Lock()      # one thread at a time loads the model (a `dask worker` of several threads)
+_ENGINE_LOCK = threading.Lock()     # one thread at a time runs it (a feed's, or a file done alone)
+_FEEDS: dict = {}                   # (model, options) -> _Feed
+TASK_THREADS = 2                    # tasks a local worker runs at once, through one feed
 _CACHE: dict = {}                   # (model, device) -> (Transcriber, device used): one model per worker
 
 
@@ -136,8 +141,10 @@ def worker_transcriber(job: dict):
     key = _model_key(job)
     if key not in _CACHE:
         if _CACHE:
-            _CACHE.clear()
-            _free_gpu_memory()
+            with _ENGINE_LOCK:          # once the feed of the model before has finished
+                _CACHE.clear()
+                _FEEDS.clear()
+                _free_gpu_memory()
         set_precision(job["precision"])
         asr = SpeechRecognizer(Transcriber.load(from_model_config(job["model"]), pick_device(job["device"]),
                                                 job["max_batch"], job["encoder_batch"]))
@@ -156,9 +163,15 @@ def _free_gpu_memory() -> None:
 
 
 def prepare(job: dict) -> str:
-    """Load (or find) the model on this worker and check the options against it; the device it runs on."""
+    """Load (or find) the model on this worker and check the options against it; the device it
+    runs on: 'cpu', or 'gpu <PCI bus id>'."""
     with _MODEL_LOCK:
-        return worker_transcriber(job)[1]
+        device = worker_transcriber(job)[1]
+    if device == "gpu":
+        import cupy
+
+        device += f" {cupy.cuda.Device().pci_bus_id}"
+    return device
 
 
 def _reason(e: Exception, path: str, source: str) -> str:
@@ -181,48 +194,121 @@ def _crash_for_test(name: str) -> None:
 def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]:
     """A task: transcribe each (source, absolute path, output name) into job's output_dir as the
     command line does (formats.render with the file as the manifest gives it), skipping outputs
-    that exist, the files together through one batched pipeline (their windows share the
-    encoder's batches and the engine's decode steps; one file at a time ran at batch 1, 90x real
-    time against the command line's 254x on 64 files of 30 s, H100), each written as soon as it is
-    done. Per file: {name, seconds (of audio), error (None: written), warnings, exists}. A file's
-    failure is its error; should the pipeline itself fail, the files it left are done one by one,
-    so that failure stays theirs; the model failing to load fails the task."""
+    that exist, each written as soon as it is done. The files join this worker's pipeline (_Feed),
+    which the other task running here feeds too. Per file: {name, seconds (of audio), error (None:
+    written), warnings, exists}. A file's failure is its error; should the pipeline itself fail,
+    its files are done one by one, so that failure stays theirs; the model failing to load fails
+    the task."""
     with _MODEL_LOCK:
         asr, _ = worker_transcriber(job)
+        feed = _feed(asr, {k: job[k] for k in ("prompt", "max_new_tokens", "audio_stream", "vad", "vad_options")})
     out_dir = Path(job["output_dir"])
     results = [{"name": name, "seconds": 0.0, "error": None, "warnings": [], "exists": (out_dir / name).exists()}
                for _, _, name in files]
     todo = [(f, r) for f, r in zip(files, results) if not r["exists"]]
-    err = io.StringIO()
-    done = 0
-    opts = {k: job[k] for k in ("prompt", "max_new_tokens", "audio_stream", "vad", "vad_options")}
-    with _MODEL_LOCK, contextlib.redirect_stderr(err):     # warnings go back to the client
+    for ((source, path, name), r), pending in zip(todo, feed.submit([path for (_, path, _), _ in todo])):
         try:
-            transcripts = asr.transcribe_many([path for (_, path, _), _ in todo], **opts)
-            for ((source, path, name), r), t in zip(todo, transcripts):
-                r["seconds"] = t.seconds
-                if t.error is not None:
-                    r["error"] = _reason(ValueError(t.error), path, source)
-                else:
-                    _write(job, out_dir, source, path, name, r, t)
-                done += 1
-        except Exception:   # noqa: BLE001 - the files not yet done go one by one: each keeps its own failure
-            for (source, path, name), r in todo[done:]:
+            t, r["warnings"] = pending.result()
+        except Exception:   # noqa: BLE001 - the pipeline failed: this file alone, so its failure stays its own
+            err = io.StringIO()
+            with _ENGINE_LOCK, contextlib.redirect_stderr(err):
                 try:
-                    t = asr.transcribe(path, **opts)
-                    r["seconds"] = t.seconds
-                    _write(job, out_dir, source, path, name, r, t)
+                    t = asr.transcribe(path, **feed.opts)
                 except (ValueError, OSError) as e:          # glm_asr.ASRError is a ValueError
                     r["error"] = _reason(e, path, source)
                 except Exception as e:  # one bad file must not end a run of thousands: recorded, the run goes on
                     r["error"] = f"{type(e).__name__}: {_reason(e, path, source)}"
-    lines = [w for w in err.getvalue().splitlines() if w.strip()]
-    for (source, path, _), r in todo:        # a warning naming a file is that file's; the others the first's
-        r["warnings"] = [w.replace(path, source) for w in lines if path in w]
-    if todo:
-        named = {w for (_, path, _), _ in todo for w in lines if path in w}
-        todo[0][1]["warnings"] += [w for w in lines if w not in named]
+            r["warnings"] = [w for w in err.getvalue().splitlines() if w.strip()]
+            if r["error"] is not None:
+                continue
+        r["warnings"] = [w.replace(path, source) for w in r["warnings"]]
+        r["seconds"] = t.seconds
+        if t.error is not None:
+            r["error"] = _reason(ValueError(t.error), path, source)
+        else:
+            _write(job, out_dir, source, path, name, r, t)
     return results
+
+
+class _Feed:
+    """This worker's pipeline (SpeechRecognizer.transcribe_many over a live source), shared by the
+    tasks running here at once (TASK_THREADS): a task's files join it while the windows of the
+    task before are still decoding, so the engine does not drain between tasks. Its thread runs
+    while it has files, holding _ENGINE_LOCK; each file's (Transcript, warnings) comes back through
+    a Future, in submission order. A pipeline failure fails every file in it and ends the thread."""
+
+    def __init__(self, asr, opts: dict):
+        self.asr, self.opts = asr, opts
+        self.lock = threading.Lock()
+        self.waiting: deque = deque()       # (path, Future), not yet in the pipeline
+        self.taken: deque = deque()         # (path, Future), in the pipeline, in order
+        self.running = False
+        self.err = io.StringIO()            # the pipeline's stderr: warnings naming a file are that file's
+
+    def submit(self, paths: list[str]) -> list[Future]:
+        futures = [Future() for _ in paths]
+        with self.lock:
+            self.waiting.extend(zip(paths, futures))
+            if not self.running:
+                self.running = True
+                threading.Thread(target=self._run, name="glm_asr-bulk-feed", daemon=True).start()
+        return futures
+
+    def _source(self):
+        while True:
+            with self.lock:
+                if not self.waiting and not self.taken:
+                    self.running = False        # the next submit starts another thread
+                    return
+                item = self.waiting.popleft() if self.waiting else None
+                if item is not None:
+                    self.taken.append(item)
+            yield None if item is None else item[0]
+
+    def _warnings(self, path: str) -> list[str]:
+        """The lines so far that name path, or that name no file still in the pipeline."""
+        with self.lock:
+            lines = [w for w in self.err.getvalue().splitlines() if w.strip()]
+            others = [p for p, _ in self.taken if p != path]
+            mine = [w for w in lines if path in w or not any(p in w for p in others)]
+            self.err = io.StringIO()
+            self.err.writelines(w + "\n" for w in lines if w not in mine)
+        return mine
+
+    def _run(self) -> None:
+        error: BaseException = RuntimeError("the pipeline ended before this file")
+        with _ENGINE_LOCK:
+            try:
+                with contextlib.redirect_stderr(self):
+                    for t in self.asr.transcribe_many(self._source(), **self.opts):
+                        with self.lock:
+                            path, pending = self.taken.popleft()
+                        pending.set_result((t, self._warnings(path)))
+            except BaseException as e:  # noqa: BLE001 - every file in the pipeline fails with it
+                error = e
+            finally:
+                with self.lock:
+                    failed = list(self.taken) + list(self.waiting)
+                    self.taken.clear()
+                    self.waiting.clear()
+                    self.running = False
+                for _, pending in failed:
+                    pending.set_exception(error)
+
+    def write(self, text: str) -> int:         # the pipeline's stderr (its readers' threads too)
+        with self.lock:
+            return self.err.write(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _feed(asr, opts: dict) -> _Feed:
+    """This worker's feed for asr and opts (made on first use). Call with _MODEL_LOCK held."""
+    key = (id(asr), json.dumps(opts, sort_keys=True, default=str))
+    if key not in _FEEDS:
+        _FEEDS[key] = _Feed(asr, opts)
+    return _FEEDS[key]
 
 
 def _write(job: dict, out_dir: Path, source: str, path: str, name: str, r: dict, t) -> None:
@@ -286,25 +372,52 @@ def worker_plan(device: str, gpus: int | None, workers: int | None, visible: lis
 
 
 def local_cluster(envs: list[dict], dashboard: str | None = None):
-    """A LocalCluster on 127.0.0.1 of one worker process (a Nanny, which restarts it if it dies)
-    per entry of envs, each with that environment; no memory limit (the model is the memory)."""
+    """A LocalCluster on 127.0.0.1 of one worker per entry of envs, each a Nanny (which restarts
+    its worker if it dies) in a process of its own started with that environment; no memory limit
+    (the model is the memory)."""
     import logging
 
-    from distributed import LocalCluster, Nanny
+    from distributed import LocalCluster
 
     cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True, host="127.0.0.1",
                            dashboard_address=dashboard, silence_logs=logging.ERROR, memory_limit=0,
                            # the scheduler's HTTP server (health, metrics) runs even without a dashboard: any free port
                            scheduler_kwargs=None if dashboard else {"dashboard_address": "127.0.0.1:0"})
     try:
-        base = cluster.new_spec["options"]
         for i, env in enumerate(envs):
-            cluster.worker_spec[f"worker-{i}"] = {"cls": Nanny, "options": {**base, "env": dict(env)}}
+            cluster.worker_spec[f"worker-{i}"] = {"cls": _worker_process(), "options": {"env": dict(env)}}
         cluster.scale(len(envs))
         return cluster
     except BaseException:
         cluster.close()
         raise
+
+
+def _worker_process():
+    """The class of a local worker: a `dask spec` process running a Nanny, env in its environment
+    from its first instruction, as CUDA_VISIBLE_DEVICES must be before anything starts CUDA
+    (Nanny(env=...) sets it in the worker process once that has imported the command's modules).
+    With the Nannies inside the client process instead, gpus=2 on an H200 pair ran slower than one
+    GPU (515x against 769x; this way 1,196x, docs/scaling.md)."""
+    import asyncio
+
+    from distributed.deploy.subprocess import Subprocess
+
+    class WorkerProcess(Subprocess):
+        def __init__(self, scheduler: str, name: str, env: dict):
+            self.scheduler, self.name, self.env = scheduler, name, env
+            super().__init__()
+
+        async def _start(self) -> None:
+            spec = {"cls": "distributed.Nanny", "opts": {"name": self.name, "nthreads": TASK_THREADS,
+                                                         "memory_limit": 0, "host": "127.0.0.1", "death_timeout": 60}}
+            env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error",
+                   # the statistical profiler (the dashboard's) samples every thread's stack 100 times a second
+                   "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", **self.env}
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler, "--spec", json.dumps(spec), env=env)
+
+    return WorkerProcess
 
 
 # ------------------------------------------------------------------ driving the tasks
@@ -569,9 +682,13 @@ def run(cfg, inputs: list[str] = ()) -> int:
                 client.wait_for_workers(1)
                 loading = load_everywhere()
             try:
-                device = "/".join(sorted(set(client.gather(loading))))
+                devices = client.gather(loading)
             except KilledWorker as e:      # e.g. out of memory: one line, not a traceback
                 raise ValueError(f"a worker process died while loading the model ({e})") from None
+            gpus = [d for d in devices if d != "cpu"]
+            if not o["scheduler"] and len(set(gpus)) < len(gpus):
+                raise ValueError(f"the local workers do not each have a GPU of their own: {', '.join(devices)}")
+            device = "/".join(sorted({d.split()[0] for d in devices}))
             nworkers = len(loading)
             tally.ready = time.perf_counter()
             unknown = sum(d <= 0 for d in durations)
