@@ -205,9 +205,11 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
         while True:
             getter = asyncio.ensure_future(job.items.get())
             done, _ = await asyncio.wait({getter, fut}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:
-                row, piece = getter.result()
-                yield chunk(row, piece)
+            if getter in done:          # every piece at hand in one write
+                pieces = getter.result()
+                while not job.items.empty():
+                    pieces += job.items.get_nowait()
+                yield "".join(chunk(row, piece) for row, piece in pieces)
                 continue
             getter.cancel()
             if fut in done and job.items.empty():

@@ -75,8 +75,10 @@ class Job:
 
 
 class EngineJob(Job):
-    """One request's engine requests (runtime.Request, tagged by their row): the worker emits
-    (tag, text piece) as they come and sets the result to their Completions, in order."""
+    """One request's engine requests (runtime.Request, tagged by their row): the worker emits a
+    list of (tag, text piece) an engine step (up to a replay's CHAIN tokens a row: one wake-up
+    of the event loop for them, not one a token) and sets the result to their Completions, in
+    order."""
 
     def __init__(self, requests: list, loop: asyncio.AbstractEventLoop | None = None):
         super().__init__(loop)
@@ -183,10 +185,13 @@ class EngineWorker(ThreadWorker):
                 active.clear()
                 continue
             self.metrics.running.set(len(s.running))
+            pieces: dict[EngineJob, list] = {}
             for ev in events:
                 job = owner.get(id(ev.request))
                 if job is not None and ev.piece:
-                    job.emit((ev.request.tag, ev.piece))
+                    pieces.setdefault(job, []).append((ev.request.tag, ev.piece))
+            for job, items in pieces.items():
+                job.emit(items)
             for job in [j for j in active if all(r.finished for r in j.requests)]:
                 active.remove(job)
                 for r in job.requests:
