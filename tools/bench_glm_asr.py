@@ -25,10 +25,11 @@ Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like
   windows, features from its WhisperFeatureExtractor.
 
 --dask (alone; needs dask and distributed): the same checkpoint and --files 30 s FLAC files through
-`python -m glm_asr.transcribe DIR` and `python -m glm_asr.bulk gpus=1` (one Dask worker), each a
-subprocess with vad=none, their throughput after the model has loaded (the CLI's closing line,
-bulk's "after it"), whether their outputs are identical, and the scheduler's cost per task (10,000
-no-op tasks, 2 worker processes); writes glm-asr-dask-<gpu>.json.
+`python -m glm_asr.transcribe DIR` and `python -m glm_asr.bulk gpus=1` (and gpus=2 where two GPUs
+are visible), each a subprocess with vad=none: the rate each reports after its model has loaded
+(the CLI's closing line, bulk's "after it"), the steady rate of each from its outputs' mtimes,
+whether the outputs are identical, and the scheduler's cost per task (10,000 no-op tasks, 2
+worker processes); writes glm-asr-dask-<gpu>.json.
 """
 from __future__ import annotations
 
@@ -116,21 +117,30 @@ def hf_bulk(hf, fe, audios: list, batch: int) -> float:
 
 
 def dask_vs_cli(files: int, out: str | None) -> None:
-    """--dask: the bulk command on one Dask worker against the CLI, same files, same GPU."""
+    """--dask: the bulk command on one Dask worker (and on two, when two GPUs are visible) against
+    the CLI, the same files on the same GPUs."""
     import filecmp
     import re
     import subprocess
     import sys
+    from concurrent.futures import ThreadPoolExecutor
 
     import soundfile
 
-    from glm_asr.bulk import task_overhead
+    from glm_asr.bulk import task_overhead, visible_gpus
 
     def command(args: list[str]) -> str:
         p = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=1800)
         if p.returncode != 0:
             raise RuntimeError(f"{args[0]} exited with {p.returncode}: {p.stderr[-2000:]}")
         return p.stderr
+
+    def steady(folder: str) -> float:
+        """Times real time between the first quarter's outputs and the last one's (their mtimes):
+        the rate once kernels are compiled and graphs captured, measured alike for every command."""
+        t = sorted(os.stat(os.path.join(folder, n)).st_mtime for n in os.listdir(folder))
+        q = len(t) // 4
+        return round((len(t) - 1 - q) * 30.0 / (t[-1] - t[q]), 1)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,26 +149,40 @@ def dask_vs_cli(files: int, out: str | None) -> None:
         hf = random_glm_asr_checkpoint(str(ckpt), "bf16")
         word_tokenizer(ckpt, hf.config)
         del hf
-        for i in range(files):
-            soundfile.write(audio / f"{i:04d}.flac", synthetic_speechlike(30.0, seed=i), 16000)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: soundfile.write(audio / f"{i:04d}.flac", synthetic_speechlike(30.0, seed=i), 16000),
+                          range(files)))
         opts = [f"model.path={ckpt}", f"max_new_tokens={NEW}", "vad=none", "output_format=json"]
         command(["glm_asr.transcribe", str(audio), f"output_dir={tmp}/warm", *opts])   # fills the kernel cache
         cli = command(["glm_asr.transcribe", str(audio), f"output_dir={tmp}/cli", *opts])
-        bulk = command(["glm_asr.bulk", f"manifest={audio}", f"output_dir={tmp}/bulk", "gpus=1", *opts])
         cli_x = float(re.search(r"([0-9.]+)x real time", cli).group(1))
-        bulk_x = float(re.search(r"([0-9.]+)x after it", bulk).group(1))
+        cli_steady = steady(f"{tmp}/cli")
         names = sorted(os.listdir(f"{tmp}/cli"))
-        _, differ, missing = filecmp.cmpfiles(f"{tmp}/cli", f"{tmp}/bulk", names, shallow=False)
-        same = len(names) == files and not differ and not missing
-        rows.append({"work": f"{files} files x 30 s, vad none", "cli_realtime_factor": cli_x,
-                     "dask_1_worker_realtime_factor": bulk_x, "dask_over_cli": round(bulk_x / cli_x, 3),
-                     "outputs_identical": same, "cli_line": cli.strip().splitlines()[-1],
-                     "bulk_line": bulk.strip().splitlines()[-1]})
-        print(rows[-1], flush=True)
+        one = None
+        for gpus in range(1, min(2, len(visible_gpus())) + 1):
+            bulk = command(["glm_asr.bulk", f"manifest={audio}", f"output_dir={tmp}/bulk{gpus}", f"gpus={gpus}", *opts])
+            bulk_x = float(re.search(r"([0-9.]+)x after it", bulk).group(1))
+            _, differ, missing = filecmp.cmpfiles(f"{tmp}/cli", f"{tmp}/bulk{gpus}", names, shallow=False)
+            row = {"work": f"{files} files x 30 s, vad none", "gpus": gpus, "cli_realtime_factor": cli_x,
+                   "cli_steady_realtime_factor": cli_steady, "dask_realtime_factor": bulk_x,
+                   "dask_steady_realtime_factor": steady(f"{tmp}/bulk{gpus}"),
+                   "outputs_identical": len(names) == files and not differ and not missing,
+                   "cli_line": cli.strip().splitlines()[-1], "bulk_line": bulk.strip().splitlines()[-1]}
+            if gpus == 1:
+                one = row
+                row["dask_over_cli"] = round(bulk_x / cli_x, 3)
+                row["dask_over_cli_steady"] = round(row["dask_steady_realtime_factor"] / cli_steady, 3)
+            else:
+                row["over_one_gpu"] = round(bulk_x / one["dask_realtime_factor"], 3)
+                row["over_one_gpu_steady"] = round(row["dask_steady_realtime_factor"]
+                                                   / one["dask_steady_realtime_factor"], 3)
+            rows.append(row)
+            print(row, flush=True)
     overhead = task_overhead(10_000, 2)
     print(overhead, flush=True)
-    write_result("glm-asr-dask", {"gpu": gpu_name(), "versions": versions(), "new_tokens": NEW, "rows": rows,
-                                  "task_overhead": overhead, "cpu_cores": os.cpu_count()}, out)
+    write_result("glm-asr-dask", {"gpu": gpu_name(), "gpus_visible": len(visible_gpus()), "versions": versions(),
+                                  "new_tokens": NEW, "rows": rows, "task_overhead": overhead,
+                                  "cpu_cores": os.cpu_count()}, out)
 
 
 def main():

@@ -13,8 +13,10 @@ it), then for each concurrency C runs C clients (threads, the standard library's
 - asr: POST /v1/audio/transcriptions, 30 s of speech-like audio (benchlib.synthetic_speechlike)
   as FLAC, max_new_tokens 64 (the server's default, set at start); real-time factor aggregate
   (audio seconds / wall seconds), latency p50/p99.
-The first round (concurrency 1) also warms the server (compiles, captures); it is run twice and
-the second reported. Every server is stopped at the end, whatever happens.
+Every round is run twice and the second reported: the first compiles and captures what that
+concurrency needs (prefill graphs of its batch sizes), as in a server that has been running. A
+time to first token is only measured from text: greedy tokens of random weights that decode to
+no text (partial UTF-8) leave it null. Every server is stopped at the end, whatever happens.
 """
 from __future__ import annotations
 
@@ -137,7 +139,8 @@ def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
     if kind == "gpt":
         ttft = [o[0] for o in out if o[0] is not None]
         row |= {"new_tokens": new, "tokens_per_s": round(sum(o[2] for o in out) / wall, 1),
-                "ttft_p50_s": round(percentile(ttft, 50), 4), "ttft_p99_s": round(percentile(ttft, 99), 4)}
+                "ttft_p50_s": round(percentile(ttft, 50), 4) if ttft else None,
+                "ttft_p99_s": round(percentile(ttft, 99), 4) if ttft else None}
     else:
         row["realtime_factor"] = round(30.0 * len(out) / wall, 1)
     return row
@@ -173,8 +176,8 @@ def main() -> None:
             proc, url = start(module, [f"model.path={ckpt}", f"device={args.device}", *extra], tmp)
             try:
                 new = 16 if args.small else 128
-                round_(kind, url, 1, payload, new)          # warm: compiles, captures
                 for c in levels:
+                    round_(kind, url, c, payload, new)      # warm: its prefill shapes captured, as a running server has
                     rows.append(round_(kind, url, c, payload, new))
                     print(rows[-1], flush=True)
                     if not args.small:      # after every round: a run cut short keeps what it measured
