@@ -61,13 +61,12 @@ def peak_rss_mb() -> float:
 
 
 def bench_vad(out_dir: str) -> None:
-    """speech_probs over 60 minutes (first call warms the session; median of the next 3), then the
+    """speech_probs over 60 minutes (first call warms up; median of the next 3), then the
     segmentation; written to vad-cpu.json with this host's CPU count."""
     import os
     import statistics
 
     import numpy as np
-    import onnxruntime
     import soundfile as sf
 
     from glm_asr.vad import speech_probs, speech_segments
@@ -94,8 +93,8 @@ def bench_vad(out_dir: str) -> None:
     print(row)
     out = Path(out_dir) / "vad-cpu.json"
     out.write_text(json.dumps({"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                               "versions": {"python": platform.python_version(), "onnxruntime": onnxruntime.__version__},
-                               "what": "glm_asr.vad.speech_probs (Silero VAD 16 kHz, onnxruntime on the CPU, blocks "
+                               "versions": {"python": platform.python_version(), "numpy": np.__version__},
+                               "what": "glm_asr.vad.speech_probs (Silero VAD 16 kHz in numpy on the CPU, blocks "
                                        "in threads) over 60 minutes of speech fixtures, pauses and noise",
                                "rows": [row]}, indent=1) + "\n")
     print(f"wrote {out}")

@@ -1,16 +1,19 @@
 """Voice activity detection with Silero VAD (MIT, github.com/snakers4/silero-vad; its license is
-data/LICENSE.silero-vad) run by onnxruntime on the CPU, and the speech segments (at most one 30 s
-encoder window each) that the recogniser decodes instead of fixed windows.
+data/LICENSE.silero-vad), its network written here in numpy (the weights converted from its ONNX
+file by tools/convert_silero.py; probabilities within 5e-6 of onnxruntime's), and the speech
+segments (at most one 30 s encoder window each) that the recogniser decodes instead of fixed
+windows.
 
 speech_probs: one speech probability per 32 ms frame (512 samples at 16 kHz). The model is a
-streaming one: each call takes a frame prefixed by the last 64 samples of the one before (its
-context) and the LSTM state (2, batch, 128) the previous call returned. A long file is cut into
-blocks run side by side (several blocks in one session.run, as rows of the batch, and such groups
-in a thread pool: onnxruntime releases the GIL); every block but the first starts WARMUP_S
-earlier with a fresh state and its first WARMUP_S of probabilities are dropped. The reset is not
-forgotten that soon (measured: Silero's state moves probabilities at speech edges by up to ~0.5
-for tens of seconds and by 1e-4 for minutes), but the speech found is the same: regions within
-a frame or two, segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
+streaming one: each step takes a frame prefixed by the last 64 samples of the one before (its
+context) and the LSTM state the step before left. Everything before the LSTM sees that frame
+only, so the frames are encoded many at once; only the LSTM steps, its rows (blocks) together.
+A long file is cut into blocks run side by side (rows of one step, and such groups in a thread
+pool: numpy's products release the GIL); every block but the first starts WARMUP_S earlier with
+a fresh state and its first WARMUP_S of probabilities are dropped. The reset is not forgotten
+that soon (measured: Silero's state moves probabilities at speech edges by up to ~0.5 for tens
+of seconds and by 1e-4 for minutes), but the speech found is the same: regions within a frame or
+two, segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
 
 speech_segments: the speech regions (threshold hysteresis as Silero's get_speech_timestamps)
 that pauses shorter than min_silence_duration_ms separate are merged into segments of at most
@@ -24,6 +27,7 @@ ends or max_speech_duration_s in all.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -40,10 +44,10 @@ CONTEXT = 64                # samples of the previous frame prefixed to each fra
 STATE = 128
 WARMUP_S = 1.0              # the overlap of a block with the one before it
 MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted work)
-BATCH = 32                  # blocks in one session.run (fewer calls: less time holding the GIL)
-CHUNK = 64                  # frames of input copied at a time
+BATCH = 32                  # blocks stepped together (rows of one LSTM step)
+CHUNK = 256                 # frames of each block encoded at once
 MAX_WINDOW_S = 30.0         # the encoder's window
-MODEL_PATH = Path(__file__).resolve().parent / "data" / "silero_vad_16k_op15.onnx"
+MODEL_PATH = Path(__file__).resolve().parent / "data" / "silero_vad_16k.safetensors"  # tools/convert_silero.py
 
 
 @dataclass
@@ -123,39 +127,63 @@ class Segment:
 # --- the model -----------------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_SESSION: tuple[int, object] | None = None         # (pid, InferenceSession)
+_WEIGHTS: dict | None = None
 
 
-def session():
-    """The process's one InferenceSession of the Silero model (created at the first call; a
-    forked child makes its own). Its run() is safe to call from several threads at once."""
-    global _SESSION
+def weights() -> dict[str, np.ndarray]:
+    """Silero's 16 kHz weights (loaded once), with the STFT's basis: a periodic Hann window times
+    the DFT, 129 real rows then 129 imaginary ones, as the ONNX graph stores it (within 1e-7)."""
+    global _WEIGHTS
     with _LOCK:
-        if _SESSION is None or _SESSION[0] != os.getpid():
-            import onnxruntime
+        if _WEIGHTS is None:
+            from safetensors.numpy import load_file
 
-            opts = onnxruntime.SessionOptions()
-            opts.intra_op_num_threads = 1        # parallel over blocks instead
-            opts.inter_op_num_threads = 1
-            opts.log_severity_level = 3
-            _SESSION = (os.getpid(), onnxruntime.InferenceSession(
-                str(MODEL_PATH), sess_options=opts, providers=["CPUExecutionProvider"]))
-        return _SESSION[1]
+            w = load_file(str(MODEL_PATH))
+            n, f = np.arange(256), np.arange(129)[:, None]
+            window, angle = 0.5 - 0.5 * np.cos(2 * np.pi * n / 256), 2 * np.pi * f * n / 256
+            w["stft"] = np.concatenate([window * np.cos(angle), -window * np.sin(angle)]).astype(np.float32)
+            w["lstm.bias"] = w["lstm.bias_ih"] + w["lstm.bias_hh"]
+            _WEIGHTS = w
+        return _WEIGHTS
 
 
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def _conv_relu(x: np.ndarray, w: np.ndarray, b: np.ndarray, stride: int) -> np.ndarray:
+    """ReLU(conv1d(x)) with 3 taps and padding 1, x (N, T, Cin) channels last -> (N, T', Cout),
+    as one 2-D product."""
+    t = (x.shape[1] - 1) // stride + 1
+    xp = np.pad(x, ((0, 0), (1, 1), (0, 0)))
+    cols = np.concatenate([xp[:, k:k + stride * (t - 1) + 1:stride] for k in range(3)], axis=2)
+    y = cols.reshape(-1, cols.shape[2]) @ w.transpose(2, 1, 0).reshape(-1, w.shape[0]) + b
+    return np.maximum(y, 0, out=y).reshape(len(x), t, -1)
+
+
+def _gate_inputs(frames: np.ndarray) -> np.ndarray:
+    """(N, CONTEXT + FRAME) frames -> (N, 4 * STATE): the LSTM's input half of its gates. Each row
+    depends on its own frame only (the STFT and the encoder), so all frames go at once."""
+    w = weights()
+    x = np.concatenate([frames, frames[:, -2:-CONTEXT - 2:-1]], axis=1)              # reflect pad 64, right
+    win = np.lib.stride_tricks.sliding_window_view(x, 256, axis=1)[:, ::128]        # (N, 4, 256)
+    spec = (win.reshape(-1, 256) @ w["stft"].T).reshape(len(x), 4, 258)
+    h = np.sqrt(spec[..., :129] ** 2 + spec[..., 129:] ** 2)                        # (N, 4, 129)
+    for k, stride in enumerate((1, 2, 2, 1)):
+        h = _conv_relu(h, w[f"encoder.{k}.weight"], w[f"encoder.{k}.bias"], stride)  # (N, 4|2|1|1, C)
+    return h[:, 0] @ w["lstm.weight_ih"].T + w["lstm.bias"]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1 / (1 + np.exp(-x))
 
 
 def _run_blocks(x: np.ndarray, starts: list[int], steps: int) -> np.ndarray:
     """(steps, len(starts)) probabilities of the blocks of `steps` frames starting at the frames
-    `starts` of x, each from a fresh state, all in one batch. Frames past the end of x are zeros;
-    the context of a block's first frame is the audio before it (zeros before the file). The
-    input is copied CHUNK frames at a time (memory: a few MB, not a second copy of the file)."""
-    sess = session()
+    `starts` of x, each from a fresh state, all in one batch: what `steps` calls of Silero's
+    streaming model give (PyTorch's LSTM gate order i, f, g, o). Frames past the end of x are
+    zeros; the context of a block's first frame is the audio before it (zeros before the file).
+    CHUNK frames of each block at a time: their encoder at once, then the LSTM step by step."""
+    w = weights()
     b = len(starts)
-    state = np.zeros((2, b, STATE), np.float32)
-    sr = np.array(SAMPLE_RATE, np.int64)
+    h, c = np.zeros((b, STATE), np.float32), np.zeros((b, STATE), np.float32)
+    w_hh = w["lstm.weight_hh"].T
     out = np.empty((steps, b), np.float32)
     for t0 in range(0, steps, CHUNK):
         m = min(CHUNK, steps - t0)
@@ -167,10 +195,44 @@ def _run_blocks(x: np.ndarray, starts: list[int], steps: int) -> np.ndarray:
             buf[j, max(-lo, 0): max(-lo, 0) + len(chunk)] = chunk
         frames = np.lib.stride_tricks.as_strided(buf, shape=(m, b, CONTEXT + FRAME),
                                                  strides=(FRAME * 4, span * 4, 4), writeable=False)
+        gates = _gate_inputs(frames.reshape(m * b, -1)).reshape(m, b, 4 * STATE)
+        hs = np.empty((m, b, STATE), np.float32)
         for t in range(m):
-            p, state = sess.run(None, {"input": np.ascontiguousarray(frames[t]), "state": state, "sr": sr})
-            out[t0 + t] = p[:, 0]
+            g = gates[t] + h @ w_hh
+            c = _sigmoid(g[:, STATE:2 * STATE]) * c + _sigmoid(g[:, :STATE]) * np.tanh(g[:, 2 * STATE:3 * STATE])
+            h = hs[t] = _sigmoid(g[:, 3 * STATE:]) * np.tanh(c)
+        out[t0:t0 + m] = _sigmoid(np.maximum(hs, 0) @ w["head.weight"] + w["head.bias"][0])
     return out
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_BLAS: list = [0, None]     # (speech_probs calls running, the BLAS limits they set)
+
+
+@contextlib.contextmanager
+def _one_blas_thread():
+    """One BLAS thread while any speech_probs runs: OpenBLAS's threads on the LSTM's small
+    per-step products cost far more than they give (907 steps of 64 rows: 0.1 s on one thread,
+    14 s on two, a busy 2-core machine); the blocks run in threads of their own instead."""
+    with _LOCK:
+        if _BLAS[0] == 0:
+            try:
+                from threadpoolctl import threadpool_limits
+
+                _BLAS[1] = threadpool_limits(1, user_api="blas")
+            except ImportError:
+                _BLAS[1] = None
+        _BLAS[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _BLAS[0] -= 1
+            if _BLAS[0] == 0 and _BLAS[1] is not None:
+                _BLAS[1].restore_original_limits()
 
 
 def speech_probs(samples16k: np.ndarray, *, threads: int | None = None, batch: int = BATCH,
@@ -181,14 +243,19 @@ def speech_probs(samples16k: np.ndarray, *, threads: int | None = None, batch: i
     The frames are cut into up to threads * batch blocks of at least min_block_s; each block
     after the first also runs the warmup_s before it, from a fresh state, and keeps only its own
     frames. threads (default: the CPUs this process may use) run groups of `batch` blocks, each
-    group one session.run per frame. threads=1, batch=1 with one block (min_block_s=inf) is the
+    group one LSTM step a frame. threads=1, batch=1 with one block (min_block_s=inf) is the
     plain sequential pass."""
     x = np.ascontiguousarray(samples16k, dtype=np.float32)
     if x.ndim != 1:
         raise ValueError(f"samples must be one-dimensional (mono), got shape {x.shape}")
-    n = -(-len(x) // FRAME)
-    if n == 0:
+    if len(x) == 0:
         return np.zeros(0, np.float32)
+    with _one_blas_thread():
+        return _probs(x, threads, batch, min_block_s, warmup_s)
+
+
+def _probs(x: np.ndarray, threads: int | None, batch: int, min_block_s: float, warmup_s: float) -> np.ndarray:
+    n = -(-len(x) // FRAME)
     threads = max(1, threads or _cpus())
     batch = max(1, int(batch))
     warm = math.ceil(warmup_s * SAMPLE_RATE / FRAME)
@@ -361,9 +428,10 @@ _POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor 
 
 
 def pooled_probs(samples: np.ndarray) -> np.ndarray:
-    """speech_probs in one of a few worker processes. Silero runs as a Python call a frame; in the
-    process of a busy pipeline (the GPU loop's Python) those calls wait on the GIL, which made VAD
-    take 10x the bulk benchmark's GPU time (64 files of 29 s: 15.7 s against 1.4 s, H100 host).
+    """speech_probs in one of a few worker processes. Silero's LSTM steps in Python a frame; in the
+    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL, which made VAD
+    take 10x the bulk benchmark's GPU time (onnxruntime's session then: 64 files of 29 s, 15.7 s
+    against 1.4 s, H100 host).
     A daemonic process (a Dask worker) may not start children, and a script without a __main__
     guard cannot spawn them: there it runs here."""
     import multiprocessing
