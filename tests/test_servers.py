@@ -204,6 +204,7 @@ def test_gpt_16_concurrent(gpt_server, gpt_ckpt):
     status, text = get(gpt_server.url("/metrics"))
     assert status == 200 and "gpt_generated_tokens_total" in text and "gpt_queue_depth" in text
     assert 'gpt_requests_total{endpoint="/v1/completions",status="200"}' in text
+    assert 'gpt_request_latency_seconds_count{endpoint="/v1/completions"}' in text
 
 
 def test_gpt_requests_share_the_running_batch(gpt_server):

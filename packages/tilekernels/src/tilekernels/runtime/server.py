@@ -232,9 +232,40 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def _endpoint(request: Request) -> str:
-    route = request.scope.get("route")
-    return getattr(route, "path", None) or "unmatched"
+class AuthAndMetrics:
+    """The api_key check on /v1/* and each request's count and latency (a stream's ends with its
+    last chunk), as a plain ASGI middleware: Starlette's BaseHTTPMiddleware (@app.middleware)
+    passes every chunk of a stream through a memory stream of its own, a third of the event
+    loop's time in a profile of gpt.serve under 64 streaming clients."""
+
+    def __init__(self, app, metrics: "Metrics", api_key: str | None):
+        self.app, self.metrics, self.api_key = app, metrics, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        if self.api_key and scope["path"].startswith("/v1"):
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            if auth != f"Bearer {self.api_key}":
+                self.metrics.requests.labels("unauthorized", "401").inc()
+                response = error_response(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                          code="invalid_api_key")
+                return await response(scope, receive, send)
+        status = 500
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            endpoint = getattr(scope.get("route"), "path", None) or "unmatched"     # the route matched
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
 
 
 def make_app(title: str, model_id: str, metrics: Metrics, worker: Callable[[], Any], api_key: str | None = None,
@@ -255,33 +286,7 @@ def make_app(title: str, model_id: str, metrics: Metrics, worker: Callable[[], A
 
     app = FastAPI(title=title, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def _auth_and_metrics(request: Request, call_next):
-        start = time.perf_counter()
-        if api_key and request.url.path.startswith("/v1"):
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {api_key}":
-                response = error_response(401, "invalid or missing API key (Authorization: Bearer ...)",
-                                          code="invalid_api_key")
-                metrics.requests.labels("unauthorized", "401").inc()
-                return response
-        response = await call_next(request)
-        endpoint = _endpoint(request)
-        metrics.requests.labels(endpoint, str(response.status_code)).inc()
-        if getattr(response, "body_iterator", None) is None or response.status_code != 200:
-            metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-        else:   # a stream: its latency ends with its last chunk
-            inner = response.body_iterator
-
-            async def timed():
-                try:
-                    async for chunk in inner:
-                        yield chunk
-                finally:
-                    metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-
-            response.body_iterator = timed()
-        return response
+    app.add_middleware(AuthAndMetrics, metrics=metrics, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(_request, e: APIError):
