@@ -329,6 +329,7 @@ def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
         def transcribe(self, path, **kw):
             calls.append(("one", path))
             if path.endswith("bad.wav"):
+                print(f"warning: {path}: truncated", file=sys.stderr)
                 raise ValueError(f"{path}: not audio")
             return Transcript(path, [Segment(0.0, 2.0, Path(path).stem)], seconds=2.0)
 
@@ -338,6 +339,7 @@ def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
     assert calls == [("many", ["/audio/a.wav", "/audio/bad.wav", "/audio/c.wav"]), ("one", "/audio/bad.wav"),
                      ("one", "/audio/c.wav")]
     assert [r["error"] for r in results] == [None, "not audio", None]
+    assert results[1]["warnings"] == ["warning: src/bad.wav: truncated"]       # named as the manifest names it
     assert [r["seconds"] for r in results] == [1.0, 0.0, 2.0]
     assert (tmp_path / "a.txt").read_text().strip() == "first" and (tmp_path / "c.txt").read_text().strip() == "c"
     assert not (tmp_path / "bad.txt").exists()

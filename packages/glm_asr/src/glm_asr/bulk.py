@@ -120,7 +120,7 @@ def plan_tasks(durations: list[float], task_seconds: float) -> list[list[int]]:
 # ------------------------------------------------------------------ on the workers
 _MODEL_LOCK = threading.Lock()      # one thread at a time loads the model (a `dask worker` of several threads)
 _ENGINE_LOCK = threading.Lock()     # one thread at a time runs it (a feed's, or a file done alone)
-_FEEDS: dict = {}                   # (model, options) -> _Feed
+_FEEDS: dict = {}                   # options -> _Feed of the model in _CACHE
 TASK_THREADS = 2                    # tasks a local worker runs at once, through one feed
 _CACHE: dict = {}                   # (model, device) -> (Transcriber, device used): one model per worker
 
@@ -207,8 +207,9 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
                for _, _, name in files]
     todo = [(f, r) for f, r in zip(files, results) if not r["exists"]]
     for ((source, path, name), r), pending in zip(todo, feed.submit([path for (_, path, _), _ in todo])):
+        t = None
         try:
-            t, r["warnings"] = pending.result()
+            t, warnings = pending.result()
         except Exception:   # noqa: BLE001 - the pipeline failed: this file alone, so its failure stays its own
             err = io.StringIO()
             with _ENGINE_LOCK, contextlib.redirect_stderr(err):
@@ -218,10 +219,10 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
                     r["error"] = _reason(e, path, source)
                 except Exception as e:  # one bad file must not end a run of thousands: recorded, the run goes on
                     r["error"] = f"{type(e).__name__}: {_reason(e, path, source)}"
-            r["warnings"] = [w for w in err.getvalue().splitlines() if w.strip()]
-            if r["error"] is not None:
-                continue
-        r["warnings"] = [w.replace(path, source) for w in r["warnings"]]
+            warnings = [w for w in err.getvalue().splitlines() if w.strip()]
+        r["warnings"] = [w.replace(path, source) for w in warnings]      # the file as the manifest names it
+        if t is None:
+            continue
         r["seconds"] = t.seconds
         if t.error is not None:
             r["error"] = _reason(ValueError(t.error), path, source)
@@ -304,8 +305,9 @@ class _Feed:
 
 
 def _feed(asr, opts: dict) -> _Feed:
-    """This worker's feed for asr and opts (made on first use). Call with _MODEL_LOCK held."""
-    key = (id(asr), json.dumps(opts, sort_keys=True, default=str))
+    """This worker's feed for opts on its model asr (made on first use; a new model drops the
+    feeds, worker_transcriber). Call with _MODEL_LOCK held."""
+    key = json.dumps(opts, sort_keys=True, default=str)
     if key not in _FEEDS:
         _FEEDS[key] = _Feed(asr, opts)
     return _FEEDS[key]
