@@ -419,6 +419,16 @@ def _worker_process():
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler, "--spec", json.dumps(spec), env=env)
 
+        async def close(self) -> None:
+            """SIGTERM first: `dask spec` closes its Nanny and worker, whose connections then end
+            cleanly (killed outright, a closing scheduler logged a broken connection's traceback
+            now and then); what is left after 10 s is killed."""
+            if self.process is not None and self.process.returncode is None:
+                self.process.terminate()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.process.wait(), 10)
+            await super().close()
+
     return WorkerProcess
 
 
