@@ -167,3 +167,36 @@ def test_warm_up_builds_every_batch_size_and_leaves_the_engine_as_new(ckpt):
     assert built == {(rows, s, s) for rows in (1, 2, 4, 8, 12) for s in (False, True)}
     assert not engine.busy and sorted(engine.runner.slots.free) == list(range(12))
     assert run(engine, work) == run(Engine(model, 12), work)
+
+
+def test_a_flow_yields_to_waiting_requests_in_groups_or_after_a_while(ckpt):
+    """A running flow is not broken (a prefill, a restarted flow) by each arrival: one waiting
+    request beside 16 running rows waits, two join at the next step, and one alone joins once a
+    free slot has waited ADMIT_WAIT_S. Their tokens are what they get alone all the same."""
+    import time
+
+    from tilekernels.runtime import engine as engine_module
+
+    model = GPT.load(ckpt)
+    engine = Engine(model, 32)
+    for i in range(16):
+        engine.add(Request([i + 1, 2, 3], 60))
+    engine.step()
+    assert len(engine.scheduler.running) == 16 and engine.flow is not None
+    late = [Request([9, 8, 7, i], 40) for i in range(3)]
+    engine.add(late[0])
+    engine.step()
+    assert list(engine.scheduler.waiting) == [late[0]]
+    engine.add(late[1])
+    engine.step()
+    assert not engine.scheduler.waiting and len(engine.scheduler.running) == 18
+    engine.add(late[2])
+    engine.step()
+    assert list(engine.scheduler.waiting) == [late[2]]
+    time.sleep(engine_module.ADMIT_WAIT_S)
+    engine.step()
+    assert not engine.scheduler.waiting
+    while engine.busy:
+        engine.step()
+    for r in late:
+        assert r.out.tokens == run(Engine(model, 1), [(r.prompt, 40)])[0]

@@ -25,7 +25,7 @@ from tilekernels.runtime import CheckpointError, Engine, Request, check_length, 
 from .audio import SAMPLE_RATE, Audio
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
 from .model import GlmAsr
-from .vad import VadOptions, segment_audio, segments_from_probs, stream_probs
+from .vad import VadOptions, segment_audio, segments_from_probs, start_workers, stream_probs
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
@@ -111,6 +111,8 @@ class Transcriber:
         an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
         others go on. progress: update(seconds) per window. A live source (a server's) may yield
         None for "nothing new yet": the work in flight goes on and the source is asked again."""
+        if vad is not None:
+            start_workers()
         files: list[_File] = []
         windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
         sources = iter(sources)

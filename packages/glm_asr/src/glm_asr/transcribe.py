@@ -22,6 +22,7 @@ from .api import SpeechRecognizer
 from .audio import expand_inputs
 from .formats import FORMATS, output_names, render, write_atomic
 from .pipeline import Transcriber
+from .vad import start_workers
 
 _FILES: list[str] = []
 
@@ -50,6 +51,8 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
+    if readable:
+        start_workers()                               # the VAD's processes start while the model loads
     set_precision(o["precision"])
     asr = SpeechRecognizer(Transcriber.load(from_model_config(cfg.model), pick_device(o["device"]), o["max_batch"],
                                             o["encoder_batch"]))

@@ -197,28 +197,31 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
                                       "choices": [{"text": text, "index": index, "logprobs": None,
                                                    "finish_reason": finish}]}, ensure_ascii=False) + "\n\n"
 
-    fut = asyncio.wrap_future(job.future)
+    job.future.add_done_callback(lambda _: job.emit(None))     # after the last pieces: the end
     try:
         if req.echo:
             for i in range(len(req.ids)):
                 yield chunk(i, req.prompt_texts[i // req.n])
-        while True:
-            getter = asyncio.ensure_future(job.items.get())
-            done, _ = await asyncio.wait({getter, fut}, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-            if getter in done:          # every piece at hand in one write
-                pieces = getter.result()
-                while not job.items.empty():
-                    pieces += job.items.get_nowait()
-                yield "".join(chunk(row, piece) for row, piece in pieces)
+        ended = False
+        while not ended:
+            try:
+                pieces = await asyncio.wait_for(job.items.get(), 0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    return
                 continue
-            getter.cancel()
-            if fut in done and job.items.empty():
+            if pieces is None:
                 break
-            if not done and await request.is_disconnected():
-                job.cancel()
-                return
+            while not job.items.empty():        # every piece at hand in one write
+                more = job.items.get_nowait()
+                if more is None:
+                    ended = True
+                    break
+                pieces += more
+            yield "".join(chunk(row, piece) for row, piece in pieces)
         try:
-            outs = fut.result()
+            outs = job.future.result()
         except Exception as e:  # noqa: BLE001 - the headers are gone: report it in the stream
             yield "data: " + json.dumps({"error": {"message": str(e), "type": "invalid_request_error",
                                                    "param": None, "code": None}}) + "\n\n"

@@ -6,12 +6,16 @@ ragged prompts in one batch, at most prefill_tokens of them, so running rows wai
 starts a flow: the running rows' decode steps, replayed CHAIN at a time from chains of CUDA
 graphs. Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
 strings, length) while the GPU already runs the next replay, so the host's share of a step
-(tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or as
-soon as a waiting request can take a free slot: the replay already queued is folded in, and the
-same step admits and starts the next flow.
+(tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or when
+waiting requests can take free slots and either they are at least an eighth of the running rows
+or a slot has been free for ADMIT_WAIT_S: the replay already queued is folded in, and the same
+step admits and starts the next flow. Each end costs a prefill and a restarted flow, while a
+few idle rows of a wide batch cost almost nothing (a decode step reads the same weights for 56
+rows as for 64), so arrivals one at a time are taken in groups.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -28,6 +32,7 @@ MAX_BATCH = 32          # rows decoded together unless the caller says otherwise
 CAPACITY = 2048         # positions a slot (slots.py) at most, unless asked: 15 GB for GLM-ASR's
                         # decoder at max_batch 64 (float32 keys and values)
 PREFILL_TOKENS = 16384  # padded prompt tokens a step may prefill
+ADMIT_WAIT_S = 0.02     # the longest a flow keeps a free slot from a waiting request
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Engine:
         self.flow_rows: dict = {}           # slot -> request, the rows it decodes
         self.flow_left = 0                  # steps it has still to hand out
         self.flow_on = False                # whether it may queue further replays
+        self.held_since: float | None = None  # when the flow first kept a free slot from a waiting request
 
     def add(self, request: Request) -> None:
         """Queue a request; one that can never run raises ValueError here (the others go on)."""
@@ -106,7 +112,7 @@ class Engine:
             if self.flow is not None:
                 if not any(self._runs(slot, r) for slot, r in self.flow_rows.items()):
                     self._end_flow()        # its rows have all left (finished or cancelled)
-                elif s.waiting and len(s.running) < self.max_batch:
+                elif self._admit_now():
                     self.flow_on = False    # the replay already queued is its last
                     events += self._fold()
             if self.flow is None:
@@ -119,6 +125,20 @@ class Engine:
             if self.flow is not None:
                 events += self._fold()
         return events
+
+    def _admit_now(self) -> bool:
+        """Whether the flow should end for the waiting requests: some can take a free slot, and
+        they are at least an eighth of the running rows or a slot has waited ADMIT_WAIT_S."""
+        s = self.scheduler
+        joinable = min(len(s.waiting), self.max_batch - len(s.running))
+        if joinable <= 0:
+            return False
+        if joinable >= max(1, len(s.running) // 8):
+            return True
+        now = time.monotonic()
+        if self.held_since is None:
+            self.held_since = now
+        return now - self.held_since >= ADMIT_WAIT_S
 
     def _fold(self) -> list[Event]:
         """The flow's next replay of tokens into its requests still running (the GPU runs the
@@ -146,7 +166,7 @@ class Engine:
         steps = min(max(r.remaining for r in running.values()), room)
         if self.scheduler.waiting:
             steps = min(steps, min(r.remaining for r in running.values()))
-        self.flow_rows, self.flow_left, self.flow_on = dict(running), steps, True
+        self.flow_rows, self.flow_left, self.flow_on, self.held_since = dict(running), steps, True, None
         self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on)
 
     def _end_flow(self) -> None:

@@ -68,7 +68,10 @@ class Job:
         self.items: asyncio.Queue = asyncio.Queue()
 
     def emit(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:        # the loop has closed (the server stopped): no one is reading
+            pass
 
     def cancel(self) -> None:
         self.cancelled.set()
