@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -160,6 +161,7 @@ def clients(kind: str, url: str, body: bytes, c: int, left, start, results) -> N
     try:
         results.put(asyncio.run(run()))
     except Exception as e:          # noqa: BLE001 - handed to the parent, which raises it
+        start.abort()               # the others (and the parent) stop waiting to start
         results.put(e)
 
 
@@ -177,16 +179,19 @@ def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
     for p in procs:
         p.start()
     try:
-        start.wait(timeout=120)
+        try:
+            start.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            pass                    # a client process failed: its error comes with the results
         got = [results.get(timeout=900) for _ in procs]
     finally:
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
-    for g in got:
-        if isinstance(g, Exception):
-            raise g
+    errors = [g for g in got if isinstance(g, Exception)]
+    if errors:                      # the first cause, not the others' broken barrier
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
     out = [o for g in got for o in g[0]]
     wall = max(g[1][1] for g in got) - min(g[1][0] for g in got)
     lat = [o[1] for o in out]
