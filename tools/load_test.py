@@ -86,6 +86,11 @@ def percentile(xs: list[float], q: float) -> float:
 
 CLIENT_PROCESSES = 8      # the clients' processes at most: one Python process of 64 clients (threads) was
                           # itself the limit, its GIL delaying each wave of new requests by ~70 ms
+BOUNDARY = "loadtestboundary"
+ROUNDS = 3                # measured rounds a concurrency (after a warm one): the median is reported
+FIGURE = {"gpt": "tokens_per_s", "asr": "realtime_factor"}
+ROUTES = {"gpt": ("/v1/completions", "application/json"),
+          "asr": ("/v1/audio/transcriptions", f"multipart/form-data; boundary={BOUNDARY}")}
 
 
 def gpt_body(prompt: list[int], new: int) -> bytes:
@@ -98,13 +103,6 @@ def asr_body(flac: bytes) -> bytes:
              f'--{BOUNDARY}\r\ncontent-disposition: form-data; name="file"; filename="clip.flac"\r\n'
              f"content-type: audio/flac\r\n\r\n".encode() + flac + b"\r\n", f"--{BOUNDARY}--\r\n".encode()]
     return b"".join(parts)
-
-
-BOUNDARY = "loadtestboundary"
-ROUNDS = 3                # measured rounds a concurrency (after a warm one): the median is reported
-FIGURE = {"gpt": "tokens_per_s", "asr": "realtime_factor"}
-ROUTES = {"gpt": ("/v1/completions", "application/json"),
-          "asr": ("/v1/audio/transcriptions", f"multipart/form-data; boundary={BOUNDARY}")}
 
 
 async def request(session, kind: str, url: str, body: bytes) -> tuple[float | None, float, int]:
