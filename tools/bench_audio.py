@@ -1,7 +1,7 @@
 """Reading long recordings: peak memory and speed of decoding m4a (AAC, through PyAV) and wav
 (libsndfile) files of 10 and 60 minutes into 30 s windows of log-mel features, each in a fresh
 process (CPU; any host); --vad: Silero VAD's probabilities and segments over 60 minutes of the
-espeak-ng fixtures between pauses and noise, on all of this host's cores.
+espeak-ng fixtures between pauses and noise, on all of this host's cores and on its GPU.
 
     python tools/bench_audio.py [--minutes 10,60] [--out DIR]
     python tools/bench_audio.py --vad [--out DIR]
@@ -61,8 +61,10 @@ def peak_rss_mb() -> float:
 
 
 def bench_vad(out_dir: str) -> None:
-    """speech_probs over 60 minutes (first call warms up; median of the next 3), then the
-    segmentation; written to vad-cpu.json with this host's CPU count."""
+    """Silero's probabilities over 60 minutes (first call warms up; median of the next 3), then the
+    segmentation: speech_probs on all of this host's CPUs, and device_probs on the GPU where there
+    is one (from host samples: the upload and the probabilities' download included); written to
+    vad-60min.json."""
     import os
     import statistics
 
@@ -80,23 +82,44 @@ def bench_vad(out_dir: str) -> None:
         parts += [clips[rng.integers(len(clips))], gap]
         n += len(parts[-2]) + len(gap)
     x = np.concatenate(parts)[: 3600 * 16000]
-    times = []
-    for _ in range(4):
+    runs = {"cpu": speech_probs}
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import cupy
+
+        from glm_asr.vad import device_probs
+
+        cupy.cuda.runtime.getDeviceCount()
+        runs["gpu"] = lambda a: device_probs([cupy.asarray(a)])[0]
+        versions["cupy"] = cupy.__version__
+        gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    except Exception:       # noqa: BLE001 - no GPU here: the CPU row only
+        gpu = None
+    rows, found = [], {}
+    for device, run in runs.items():
+        times = []
+        for _ in range(4):
+            t = time.perf_counter()
+            probs = run(x)
+            times.append(time.perf_counter() - t)
         t = time.perf_counter()
-        probs = speech_probs(x)
-        times.append(time.perf_counter() - t)
-    t = time.perf_counter()
-    segments = speech_segments(x, probs=probs)
-    row = {"audio_s": 3600, "cpus": os.cpu_count(), "speech_probs_s": [round(v, 3) for v in times],
-           "speech_probs_median_s": round(statistics.median(times[1:]), 3), "segments": len(segments),
-           "segmentation_s": round(time.perf_counter() - t, 3)}
-    print(row)
-    out = Path(out_dir) / "vad-cpu.json"
-    out.write_text(json.dumps({"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                               "versions": {"python": platform.python_version(), "numpy": np.__version__},
-                               "what": "glm_asr.vad.speech_probs (Silero VAD 16 kHz in numpy on the CPU, blocks "
-                                       "in threads) over 60 minutes of speech fixtures, pauses and noise",
-                               "rows": [row]}, indent=1) + "\n")
+        found[device] = speech_segments(x, probs=probs)
+        rows.append({"device": device, "audio_s": 3600, "cpus": os.cpu_count(), "gpu": gpu if device == "gpu" else None,
+                     "speech_probs_s": [round(v, 4) for v in times],
+                     "speech_probs_median_s": round(statistics.median(times[1:]), 4), "segments": len(found[device]),
+                     "segmentation_s": round(time.perf_counter() - t, 3)})
+        print(rows[-1])
+    if "gpu" in found:          # the two runs cut blocks differently (their resets move edge frames)
+        a, b = found["cpu"], found["gpu"]
+        rows[-1]["segments_within_0.1s_of_cpu"] = len(a) == len(b) and all(
+            abs(p.start - q.start) <= 1600 and abs(p.end - q.end) <= 1600 for p, q in zip(a, b))
+    out = Path(out_dir) / "vad-60min.json"
+    out.write_text(json.dumps({"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "gpu": gpu,
+                               "versions": versions,
+                               "what": "Silero VAD 16 kHz over 60 minutes of speech fixtures, pauses and noise: "
+                                       "glm_asr.vad.speech_probs (numpy, blocks in threads on all CPUs) and "
+                                       "device_probs (tilekernels on the GPU, from host samples)",
+                               "rows": rows}, indent=1) + "\n")
     print(f"wrote {out}")
 
 

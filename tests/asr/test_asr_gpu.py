@@ -57,3 +57,26 @@ def test_graph_replays_match_eager_calls(tiny, poisoned, rng):
             replayed = prefill(x).get()
         eager = gpu.forward(x, gpu.new_cache(1, len(ids)))
         np.testing.assert_array_equal(replayed, eager.get())
+
+
+def test_vad_on_the_gpu_finds_the_cpus_segments(tiny):
+    """The pipeline with the model on the GPU runs its VAD there (the loop batches the readers'
+    files): the same segments as on the CPU (worker processes), within a frame or two, and a
+    file that cannot be read fails alone."""
+    from test_vad import MANIFEST, load
+
+    from glm_asr.pipeline import Transcriber
+    from glm_asr.vad import VadOptions
+
+    names = sorted(MANIFEST["files"])
+    sources = [(n, (lambda n=n: load(n))) for n in names] + [("bad", lambda: np.zeros((2, 3), np.float32))]
+    out = {}
+    for device in ("cpu", "gpu"):
+        t = Transcriber.load(tiny, device)
+        out[device] = {name: r for name, r, _ in t.transcribe_many(sources, "x", 2, vad=VadOptions())}
+    assert isinstance(out["gpu"]["bad"], Exception) and isinstance(out["cpu"]["bad"], Exception)
+    assert sum(len(out["gpu"][n]) for n in names) >= 3
+    for n in names:
+        a, b = out["cpu"][n], out["gpu"][n]
+        assert len(a) == len(b), (n, a, b)
+        assert all(abs(x["start"] - y["start"]) <= 0.07 and abs(x["end"] - y["end"]) <= 0.07 for x, y in zip(a, b))

@@ -347,3 +347,28 @@ def test_a_bad_input_fails_alone_in_the_worker_processes():
     assert vad._POOL[1] is not None
     x = np.random.default_rng(0).standard_normal(3 * FRAME).astype(np.float32) * 0.1
     np.testing.assert_allclose(vad.pooled_probs(x), speech_probs(x), rtol=1e-5, atol=1e-6)
+
+
+# --- on the GPU ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_probabilities_are_the_numpy_models(poisoned, two_minutes):
+    """device_probs (tilekernels' linear and lstm at 'highest') against the numpy model in the
+    same blocks (each file's by its length alone), and against the ONNX model's own on the short
+    fixtures (one block: the sequential pass), within 1e-4; a file's probabilities alone and in a
+    batch of others are the same; empty and one-sample files."""
+    import cupy
+
+    ref = np.load(FIXTURES / "silero_onnx_probs.npz")
+    rng = np.random.default_rng(5)
+    files = [load("pause05.flac"), load("noise.flac"), two_minutes[0], np.zeros(0, np.float32),
+             rng.standard_normal(1).astype(np.float32), noise(31.3, rng)]
+    got = vad.device_probs([cupy.asarray(x) for x in files])
+    for x, p in zip(files, got):
+        assert isinstance(p, np.ndarray) and p.shape == (-(-len(x) // FRAME),)
+        np.testing.assert_allclose(p, speech_probs(x, threads=1, batch=1 << 20), atol=1e-4)
+    for i, name in enumerate(("pause05", "noise")):
+        np.testing.assert_allclose(got[i], ref[name], atol=1e-4)
+    for x, p in zip(files, got):
+        assert np.array_equal(vad.device_probs([cupy.asarray(x)])[0], p)
+    assert np.array_equal(speech_probs(cupy.asarray(files[2])), got[2])

@@ -16,9 +16,9 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, decode_attn, embedding, linear, norm, qkv, rope, sampling, softmax = (
+act, argmax, attention, decode_attn, embedding, linear, lstm, norm, qkv, rope, sampling, softmax = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "decode", "embedding", "linear", "norm", "qkv", "rope",
+    for m in ("activations", "argmax", "attention", "decode", "embedding", "linear", "lstm", "norm", "qkv", "rope",
               "sampling", "softmax"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
@@ -47,7 +47,7 @@ def specializations():
             for affine in (False, True):
                 out.append((f"norm-{n}-rms{rms}-affine{affine}", norm.norm_kernel,
                             [arr(2), arr(1), arr(1), arr(2), F32, F32, rows, tile, rms, affine]))
-    for code in (act.GELU_TANH, act.GELU_ERF, act.SILU):
+    for code in (act.GELU_TANH, act.GELU_ERF, act.SILU, act.RELU, act.SIGMOID):
         for gated in (False, True):
             out.append((f"act-{code}-{gated}", act.activation_kernel,
                         [arr(1), arr(1), arr(1), act.ELEMENTWISE_TILE, code, gated]))
@@ -104,6 +104,13 @@ def specializations():
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
                     [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
+    for code in (act.RELU, act.SIGMOID):      # Silero VAD's convs and head (3xTF32)
+        out.append((f"linear-{code}-highest", linear.linear_kernel,
+                    [arr(2), arr(2), arr(2), arr(1), arr(2), arr(2), I32, *linear.LARGE_M, True, code, False, False,
+                     False, 1]))
+    for hid, mode in ((128, 1), (128, 0), (32, 1)):     # Silero VAD's (3xTF32), TF32, a small one
+        out.append((f"lstm-{hid}-mode{mode}", lstm.lstm_kernel,
+                    [arr(3), arr(2), arr(2), arr(2), arr(3), arr(2), arr(2), I32, hid // 2, lstm.TILE_B, mode]))
     # the two vocabularies: a plain argmax, and a decode graph's step tail (positions, the cache span
     # (2 counters), the next token's embedding: GPT-2 tokens + positions, GLM decoder tokens in bfloat16)
     i64 = arr(1, dtype=ct.int64)

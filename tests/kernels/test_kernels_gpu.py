@@ -450,9 +450,34 @@ def test_attention_and_conv_highest_precision_are_fp32(poisoned, rng, highest):
     assert rel_err(tk.conv1d(gx, gw, gb, 2, 1), ref) <= FP32
 
 
+@pytest.mark.parametrize("t,b,hid", [(1, 1, 128), (5, 7, 32), (300, 37, 128), (33, 769, 64)])
+def test_lstm(poisoned, rng, precision, t, b, hid):
+    """Every step's hidden state and the final state against float64 (the same recurrence as
+    test_reference's), from zeros and from a given state: fp32-accurate at 'highest'; at 'high'
+    (TF32 products) within TF32's bound, the recurrence compounding it over 300 steps."""
+    import cupy
+    from test_reference import lstm64
+
+    (g, gg), (h0, gh0), (c0, gc0) = pair(rng, t, b, 4 * hid), pair(rng, b, hid), pair(rng, b, hid)
+    w, gw = pair(rng, 4 * hid, hid, scale=1 / np.sqrt(hid))
+    bound = FP32 if precision == "highest" else 10 * TF32
+    for state, ref_state in (((None, None), (np.zeros((b, hid)),) * 2), ((gh0, gc0), (h0, c0))):
+        got = tk.lstm(gg, gw, *state)
+        for out, want in zip(got, lstm64(g, w, *ref_state)):
+            assert isinstance(out, cupy.ndarray) and rel_err(out, want) <= bound
+
+
 def test_linear_without_bias_tanh(poisoned, rng):
     (x, gx), (w, gw) = pair(rng, 5, 768), pair(rng, 3072, 768)
     assert rel_err(tk.linear(gx, gw, activation="gelu_tanh"), tk.linear(x, w, activation="gelu_tanh")) <= TF32
+
+
+@pytest.mark.parametrize("m,n", [(7, 1), (769, 129)])
+def test_linear_relu_and_sigmoid(poisoned, rng, highest, m, n):
+    (x, gx), (w, gw), (b, gb) = pair(rng, m, 387), pair(rng, n, 387, scale=0.1), pair(rng, n)
+    pre = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert rel_err(tk.linear(gx, gw, gb, activation="relu"), np.maximum(pre, 0)) <= FP32
+    assert rel_err(tk.linear(gx, gw, gb, activation="sigmoid"), 1 / (1 + np.exp(-pre))) <= FP32
 
 
 @pytest.mark.parametrize("rows,n", [(1, 1), (7, 769), (2, 50257), (4, 59264)])

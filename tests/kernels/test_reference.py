@@ -73,7 +73,7 @@ def test_exact_gelu_is_pointwise_accurate():
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 7, 1), (7, 769, 13), (16, 1281, 769), (33, 64, 7)])
-@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu", "sigmoid"])
 def test_linear(rng, m, k, n, act):
     """The product against float64, then the fused activation against float64 applied to that
     product: a one-element output deep in GELU's tail would turn the product's last-bit
@@ -91,6 +91,10 @@ def test_linear(rng, m, k, n, act):
     elif act == "gelu_tanh":
         with np.errstate(over="ignore"):
             ref = ref / (1 + np.exp(-2 * math.sqrt(2 / math.pi) * (ref + 0.044715 * ref ** 3)))
+    elif act == "relu":
+        ref = np.maximum(ref, 0)
+    elif act == "sigmoid":
+        ref = 1 / (1 + np.exp(-ref))
     assert rel_err(tk.linear(x, w, b, activation=act), ref) <= 1e-5
     assert tk.linear(x.reshape(1, m, k), w).shape == (1, m, n)
 
@@ -359,3 +363,43 @@ def test_sample_settings_per_row_equal_each_row_alone():
         one = {k: v[r].item() for k, v in cfg.items()}
         assert got[r] == tk.sample(x[r:r + 1], u[r:r + 1], seen=seen[r:r + 1].copy(), **one)[0]
     assert len(set(got.tolist())) > 2
+
+
+def lstm64(gates, w_hh, h, c):
+    """torch.nn.LSTM's recurrence (gates i, f, g, o) in float64."""
+    sig = lambda v: 1 / (1 + np.exp(-v))        # noqa: E731
+    hid = w_hh.shape[1]
+    hs = []
+    for g in gates.astype(np.float64):
+        g = g + h @ w_hh.T.astype(np.float64)
+        c = sig(g[:, hid:2 * hid]) * c + sig(g[:, :hid]) * np.tanh(g[:, 2 * hid:3 * hid])
+        h = sig(g[:, 3 * hid:]) * np.tanh(c)
+        hs.append(h)
+    return np.stack(hs), h, c
+
+
+@pytest.mark.parametrize("t,b,hid", [(1, 1, 16), (7, 3, 32), (300, 37, 128)])
+def test_lstm(rng, t, b, hid):
+    """Against float64, from zeros and from a given state; T steps in two calls (the state handed
+    on) are one call of T steps."""
+    gates, w = f32(rng, t, b, 4 * hid), (f32(rng, 4 * hid, hid) / np.sqrt(hid)).astype(np.float32)
+    h0, c0 = f32(rng, b, hid), f32(rng, b, hid)
+    for state in ((None, None), (h0, c0)):
+        hs, h, c = tk.lstm(gates, w, *state)
+        ref = lstm64(gates, w, *(np.zeros((b, hid)) if s is None else s for s in state))
+        for got, want in zip((hs, h, c), ref):
+            assert got.dtype == np.float32 and rel_err(got, want) <= 1e-5
+    k = t // 2
+    hs1, h1, c1 = tk.lstm(gates[:k], w, h0, c0)
+    hs2, h2, c2 = tk.lstm(gates[k:], w, h1, c1)
+    hs, h, c = tk.lstm(gates, w, h0, c0)
+    assert np.array_equal(np.concatenate([hs1, hs2]), hs) and np.array_equal(h2, h) and np.array_equal(c2, c)
+
+
+def test_lstm_refuses_bad_shapes(rng):
+    with pytest.raises(ValueError, match="power of two"):
+        tk.lstm(f32(rng, 2, 3, 4 * 24), f32(rng, 96, 24))
+    with pytest.raises(ValueError, match=r"weight_hh: expected shape \(128, 32\)"):
+        tk.lstm(f32(rng, 2, 3, 128), f32(rng, 128, 16))
+    with pytest.raises(ValueError, match=r"h0: expected shape \(3, 32\)"):
+        tk.lstm(f32(rng, 2, 3, 128), f32(rng, 128, 32), f32(rng, 2, 32))

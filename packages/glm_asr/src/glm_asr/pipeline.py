@@ -2,7 +2,8 @@
 
 - a CPU stage: READERS threads read, decode, resample and (with VAD) segment up to LOOKAHEAD
   files ahead, a block at a time, handing on the windows' samples (memory is bounded by the
-  queue, not by file length or count);
+  queue, not by file length or count); with the model on the GPU their VAD runs there, the
+  pending files' together, between the engine's steps (on the CPU: worker processes);
 - on the GPU: features, the encoder encoder_batch windows at a time, and every window one
   greedy request of the runtime's continuous-batching engine, so windows of different files
   decode together (max_batch at once);
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -25,12 +27,12 @@ from tilekernels.runtime import CheckpointError, Engine, Request, check_length, 
 from .audio import SAMPLE_RATE, Audio
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
 from .model import GlmAsr
-from .vad import VadOptions, segment_audio, segments_from_probs, start_workers, stream_probs
+from .vad import VadOptions, device_probs, pooled_probs, segment_audio, segments_from_probs, start_workers, stream_probs
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
 READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
-                           # 16-core host (vad.pooled_probs); 4 left half of them idle (docs/performance.md)
+                           # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
 _END = object()             # a source iterator's end
@@ -57,6 +59,13 @@ class _File:
         return self.error is not None or (self.total is not None and len(self.texts) == self.total)
 
 
+@dataclass
+class _VadJob:
+    """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU."""
+    samples: np.ndarray
+    future: Future = field(default_factory=Future)
+
+
 class Transcriber:
     """One loaded model, tokenizer and engine serving many files."""
 
@@ -64,6 +73,7 @@ class Transcriber:
         self.model, self.tok = model, tokenizer
         self.engine = Engine(self.model, max_batch)
         self.encoder_batch = encoder_batch
+        self._vad_stream = None
         pad = self.tok.token_to_id("<|pad|>")
         for name in ("<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"):
             if self.tok.token_to_id(name) is None:
@@ -82,8 +92,11 @@ class Transcriber:
         """Build before any request what a server's first requests would otherwise wait for (on the
         GPU: kernels compiled, graphs captured): the engine's greedy decode steps at every batch
         size, then the encoder, prefill and first decode steps of a group of each size from 1 to
-        encoder_batch windows (after the engine's, whose prompts may regrow the prefill's staging)."""
+        encoder_batch windows (after the engine's, whose prompts may regrow the prefill's staging), and
+        the VAD's kernels."""
         warm_up(self.engine)
+        if self.model.xp is not np:
+            self._vad([_VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
         window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)], self.model.config.encoder.num_mel_bins,
                                      None))
         for n in range(1, self.encoder_batch + 1):
@@ -111,9 +124,11 @@ class Transcriber:
         an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
         others go on. progress: update(seconds) per window. A live source (a server's) may yield
         None for "nothing new yet": the work in flight goes on and the source is asked again."""
-        if vad is not None:
+        gpu_vad = vad is not None and self.model.xp is not np
+        if vad is not None and not gpu_vad:
             start_workers()
         files: list[_File] = []
+        vad_jobs: list[_VadJob] = []
         windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
         sources = iter(sources)
         n_mels = self.model.config.encoder.num_mel_bins
@@ -128,11 +143,23 @@ class Transcriber:
                     pass
             return False
 
+        def loop_probs(samples: np.ndarray) -> np.ndarray:
+            """A reader's VAD, run by the loop below (on the GPU, with other files' VAD)."""
+            job = _VadJob(samples)
+            if not put((-1, -1, job)):
+                raise RuntimeError("stopped")
+            while True:
+                try:
+                    return job.future.result(timeout=0.1)
+                except FutureTimeout:
+                    if stop.is_set():
+                        raise RuntimeError("stopped") from None
+
         def read(index: int, opener: Callable) -> None:
             try:
                 audio = opener()
                 if vad is not None:
-                    wins = speech_windows(audio, vad, n_mels, None)
+                    wins = speech_windows(audio, vad, n_mels, None, loop_probs if gpu_vad else pooled_probs)
                 else:
                     blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
                     wins = stream_windows(blocks, n_mels, None, offset)
@@ -174,10 +201,15 @@ class Transcriber:
                     idle = False
                     if isinstance(w, Window):
                         group.append((index, n, w))
+                    elif isinstance(w, _VadJob):
+                        vad_jobs.append(w)
                     elif isinstance(w, Exception):
                         files[index].error = w
                     else:
                         files[index].total, files[index].seconds = n, w
+                if vad_jobs:
+                    self._vad(vad_jobs)
+                    vad_jobs = []
                 if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or windows.empty()):
                     live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
                     if live:
@@ -209,6 +241,27 @@ class Transcriber:
             for r in list(self.engine.scheduler.waiting) + list(self.engine.scheduler.running.values()):
                 self.engine.cancel(r)           # a consumer that stopped early leaves nothing running
 
+    def _vad(self, jobs: list[_VadJob]) -> None:
+        """The speech probabilities of the readers' pending samples, all in one batch on a stream of
+        their own (the engine's decode steps in flight go on meanwhile); a batch that fails is
+        retried a job at a time, so that a bad input fails alone."""
+        import cupy
+
+        if self._vad_stream is None:
+            self._vad_stream = cupy.cuda.Stream(non_blocking=True)
+        try:
+            with self._vad_stream:
+                probs = device_probs([j.samples for j in jobs])
+        except Exception as e:      # noqa: BLE001 - handed to the readers
+            if len(jobs) > 1:
+                for j in jobs:
+                    self._vad([j])
+            else:
+                jobs[0].future.set_exception(e)
+            return
+        for j, p in zip(jobs, probs):
+            j.future.set_result(p)
+
     def _encode(self, group: list, files: list, instruction: str, max_new_tokens: int, ignore_eos: bool) -> None:
         """Encode a group of windows and queue each as a request of the engine."""
         m, xp = self.model, self.model.xp
@@ -230,17 +283,18 @@ class Transcriber:
         return segments
 
 
-def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np) -> Iterator[Window]:
+def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np,
+                   probs: Callable = pooled_probs) -> Iterator[Window]:
     """A window for each segment of speech Silero VAD finds: its padded audio as the features
     (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
     file's time). Two passes over a file (the probabilities, then the segments' audio), each
-    holding a block at a time."""
+    holding a block at a time; probs(samples) computes the probabilities of a block."""
     if isinstance(audio, np.ndarray):
         first, again, offset = [audio], (lambda: [audio]), 0.0
     else:
         first, again, offset = audio, audio.reopen, audio.offset_s
-    probs, n = stream_probs(first)
-    for seg, x in segment_audio(again(), segments_from_probs(probs, n, options)):
+    p, n = stream_probs(first, probs)
+    for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
         tokens = audio_tokens(valid_frames(len(x)))
         if tokens >= 1:
             yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens)

@@ -51,11 +51,11 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
-    if readable:
+    device = pick_device(o["device"])
+    if readable and device == "cpu":
         start_workers()                               # the VAD's processes start while the model loads
     set_precision(o["precision"])
-    asr = SpeechRecognizer(Transcriber.load(from_model_config(cfg.model), pick_device(o["device"]), o["max_batch"],
-                                            o["encoder_batch"]))
+    asr = SpeechRecognizer(Transcriber.load(from_model_config(cfg.model), device, o["max_batch"], o["encoder_batch"]))
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""GELU (tanh and exact erf forms), SiLU and SwiGLU, elementwise.
+"""GELU (tanh and exact erf forms), SiLU, SwiGLU, ReLU and the sigmoid, elementwise.
 
 cuTile has no erf, so the exact GELU uses erfc from the Chebyshev fit in Numerical
 Recipes (fractional error < 1.2e-7 everywhere, i.e. fp32 rounding): gelu(x) =
@@ -18,8 +18,8 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
 # activation codes shared with linear and conv1d epilogues
-NONE, GELU_TANH, GELU_ERF, SILU = 0, 1, 2, 3
-_CODES = {None: NONE, "gelu_tanh": GELU_TANH, "gelu": GELU_ERF, "silu": SILU}
+NONE, GELU_TANH, GELU_ERF, SILU, RELU, SIGMOID = 0, 1, 2, 3, 4, 5
+_CODES = {None: NONE, "gelu_tanh": GELU_TANH, "gelu": GELU_ERF, "silu": SILU, "relu": RELU, "sigmoid": SIGMOID}
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
@@ -27,7 +27,7 @@ _ERFC = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806,
 
 
 def activation_code(activation: str | None) -> int:
-    """Map an activation name (None, 'gelu', 'gelu_tanh', 'silu') to its kernel code."""
+    """Map an activation name (None, 'gelu', 'gelu_tanh', 'silu', 'relu', 'sigmoid') to its kernel code."""
     if activation not in _CODES:
         raise ValueError(f"activation: expected one of {sorted(k for k in _CODES if k)} or None, "
                          f"got {activation!r}")
@@ -61,8 +61,17 @@ def silu_reference(x: np.ndarray) -> np.ndarray:
         return (x64 / (1.0 + np.exp(-x64))).astype(np.float32)
 
 
+def sigmoid_reference(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+
+
 def apply_activation_reference(x: np.ndarray, activation: str | None) -> np.ndarray:
     code = activation_code(activation)
+    if code == RELU:
+        return np.maximum(x, 0).astype(np.float32, copy=False)
+    if code == SIGMOID:
+        return sigmoid_reference(x)
     if code == GELU_TANH:
         return gelu_reference(x, "tanh")
     if code == GELU_ERF:
@@ -104,6 +113,10 @@ def tile_activation(x, ACT):
         return 0.5 * x * tile_erfc(x * -INV_SQRT2)
     elif ACT == SILU:
         return fast_div(x, 1.0 + ct.exp(-x))
+    elif ACT == RELU:
+        return ct.maximum(x, 0.0)
+    elif ACT == SIGMOID:
+        return fast_div(1.0, 1.0 + ct.exp(-x))
     else:
         return x
 

@@ -56,10 +56,10 @@ def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
         half = y.shape[-1] // 2
         y = apply_activation_reference(y[..., :half].astype(np.float32), "silu").astype(np.float64) * y[..., half:]
     else:
-        y = apply_activation_reference(y.astype(np.float32), activation)
+        y = apply_activation_reference(y.astype(np.float32, copy=False), activation)
     if residual is not None:
         y = residual + y
-    return y.astype(np.float32).astype(out_dtype)
+    return y.astype(np.float32, copy=False).astype(out_dtype, copy=False)
 
 
 # ---------------------------------------------------------------- tile helpers

@@ -16,6 +16,8 @@ accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rou
 """
 from __future__ import annotations
 
+import contextlib
+
 import cuda.tile as ct
 import numpy as np
 
@@ -35,6 +37,18 @@ def set_matmul_precision(precision: str) -> None:
 
 def get_matmul_precision() -> str:
     return _state["precision"]
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+    """set_matmul_precision(precision) for the kernels launched inside the block (the setting is
+    the process's: launch nothing from other threads meanwhile)."""
+    before = get_matmul_precision()
+    set_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        set_matmul_precision(before)
 
 
 def mma_mode(weight_dtype=None) -> int:
