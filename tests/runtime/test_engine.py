@@ -139,20 +139,6 @@ def test_each_slot_holds_its_rows_keys_from_column_zero(ckpt):
                                rtol=1e-6, atol=1e-7)
 
 
-def test_a_large_prefill_pads_its_rows_to_sixteen_and_its_rows_stay_their_own(ckpt):
-    """17 prompts of 120 tokens (past a graph's size) prefill as 32 rows (a row count that keeps
-    cuTile's shape classes few), the padding rows ignored: each request's tokens as alone."""
-    from tilekernels.runtime.runner import eager_rows
-
-    assert [eager_rows(n) for n in (1, 7, 16, 17, 32, 33, 64)] == [1, 7, 16, 32, 32, 48, 64]
-    rng = np.random.default_rng(4)
-    model = GPT.load(ckpt)
-    work = [(rng.integers(0, model.config.vocab_size, 120).tolist(), 5) for _ in range(17)]
-    engine = Engine(model, 17, capacity=128)
-    assert run(engine, work) == [run(Engine(model, 1, capacity=128), [w])[0] for w in work]
-    assert engine.runner.stage.k.shape[1] == 32
-
-
 def test_a_bfloat16_cache_keeps_rows_independent(ckpt):
     """Keys and values cached in bfloat16 (precision bf16): still every row's tokens alone equal
     its tokens in a batch, and the cache holds bfloat16."""

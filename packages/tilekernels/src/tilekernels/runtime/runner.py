@@ -49,14 +49,6 @@ def bucket(rows: int) -> int:
     return next(b for b in BUCKETS + (rows,) if b >= rows)
 
 
-def eager_rows(n: int) -> int:
-    """The rows of a prefill too large for a graph: n, rounded up to a multiple of 16 past 16.
-    cuTile compiles a kernel anew for each divisibility class of its arrays' shapes (by 2, 4, 8,
-    16, ...): a server's groups of arrivals, each a different row count, kept compiling (a 26-row
-    prefill once took 1.27 s); past 16 rows the padding costs under a row in two."""
-    return n if n <= 16 else round_up(n, 16)
-
-
 def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
@@ -101,7 +93,7 @@ class ModelRunner:
         xp, slots = self.xp, self.slots
         lengths = np.array([len(r.prompt) for r in requests])
         width = round_up(int(lengths.max()), 16)
-        rows = bucket(len(requests)) if width * bucket(len(requests)) <= GRAPHED_PREFILL else eager_rows(len(requests))
+        rows = bucket(len(requests)) if width * bucket(len(requests)) <= GRAPHED_PREFILL else len(requests)
         stage = self._staging(rows, width)
         ends = np.full(rows, 1)                     # rows past the requests: one token of padding
         ends[:len(requests)] = lengths

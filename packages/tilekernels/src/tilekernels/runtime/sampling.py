@@ -157,15 +157,26 @@ class Sampler:
 
     def pick_rows(self, logits, rows: Sequence[int]) -> np.ndarray:
         """Host token ids for logits (len(rows), V) whose row i belongs to row rows[i] (a
-        prefill's first tokens), each drawing one uniform from its row's generator."""
+        prefill's first tokens), each drawing one uniform from its row's generator. On the GPU
+        the pick runs over a power of two of rows (copies of the last row added, their picks
+        dropped): cuTile compiles a kernel for each class of its arrays' shapes, and warm_up
+        builds the powers of two (a first pick of 40 rows compiled for 0.27 s in a server)."""
         o, xp = self.owner, self.xp
         idx = np.asarray(rows, np.int64)
+        n = len(idx)
         m = self.mode_of(idx)
         h = {name: o.host[name][idx] for name, _, _ in _FIELDS}
         u = None
         if m.draws:
             u = np.array([o.rngs[r].random(dtype=np.float32) if o.rngs[r] is not None and t > 0 else 0.0
                           for r, t in zip(idx, h["temperature"])], np.float32)
+        pad = (1 << (n - 1).bit_length()) - n if xp is not np and n else 0
+        if pad:
+            logits = xp.concatenate([logits, xp.broadcast_to(logits[-1:], (pad, logits.shape[-1]))])
+            idx = np.concatenate([idx, np.repeat(idx[-1:], pad)])
+            h = {k: np.concatenate([v, np.repeat(v[-1:], pad)]) for k, v in h.items()}
+            u = None if u is None else np.concatenate([u, np.zeros(pad, np.float32)])
+        if u is not None:
             u = xp.asarray(u)
         seen = o.seen[idx] if m.penalty else None
         if not m.draws and not m.penalty:
@@ -175,7 +186,7 @@ class Sampler:
             tok = tk.sample(logits, u, temperature=arr["temperature"] if m.draws else 0,
                             top_k=arr["top_k"] if m.top_k else 0, top_p=arr["top_p"] if m.top_p else 1.0,
                             penalty=arr["penalty"] if m.penalty else 1.0, seen=seen)
-        tok = tok.get() if hasattr(tok, "get") else np.asarray(tok)
+        tok = (tok.get() if hasattr(tok, "get") else np.asarray(tok))[:n]
         if o.seen is not None:
-            o.seen[xp.asarray(idx), xp.asarray(tok)] = 1
+            o.seen[xp.asarray(idx[:n]), xp.asarray(tok)] = 1
         return tok
