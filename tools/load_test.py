@@ -16,7 +16,8 @@ that the clients' own Python is not what is measured), each sending requests bac
   (audio seconds / wall seconds), latency p50/p99.
 Every round is run four times: the first compiles and captures what that concurrency needs
 (prefill graphs of its batch sizes), as in a server that has been running; the median of the
-other three is reported, with all three (`rounds`: the rounds of 64 gpt clients differed by 10%). A
+other three is reported, with all three in the order run (`rounds`; before 2026-11-26's fourth
+session's last commit, sorted): the rounds of 64 gpt clients differ by up to a third. A
 time to first token is only measured from text: greedy tokens of random weights that decode to
 no text (partial UTF-8) leave it null. Every server is stopped at the end, whatever happens.
 """
@@ -237,8 +238,9 @@ def main() -> None:
                 new = 16 if args.small else 128
                 for c in levels:
                     round_(kind, url, c, payload, new)      # warm: its prefill shapes captured, as a running server has
-                    runs = sorted((round_(kind, url, c, payload, new) for _ in range(ROUNDS)), key=lambda r: r[FIGURE[kind]])
-                    rows.append(runs[len(runs) // 2] | {"rounds": [r[FIGURE[kind]] for r in runs]})
+                    runs = [round_(kind, url, c, payload, new) for _ in range(ROUNDS)]
+                    median = sorted(runs, key=lambda r: r[FIGURE[kind]])[len(runs) // 2]
+                    rows.append(median | {"rounds": [r[FIGURE[kind]] for r in runs]})     # in the order run
                     print(rows[-1], flush=True)
                     if not args.small:      # after every round: a run cut short keeps what it measured
                         write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
