@@ -108,8 +108,13 @@ def test_probabilities_are_silero_onnx_models():
 def test_rows_of_one_step_are_independent():
     """Blocks stepped together as rows give each block's own sequential probabilities."""
     x = load("pause05.flac")
-    alone = [vad._run_blocks(x, [f], 40) for f in (0, 37, 90)]
-    together = vad._run_blocks(x, [0, 37, 90], 40)
+    view, (base,) = vad._frame_view([x], 40 + 90)
+
+    def blocks(starts):
+        return vad._run_rows(view, [base + f for f in starts], 40, vad.CHUNK)
+
+    alone = [blocks([f]) for f in (0, 37, 90)]
+    together = blocks([0, 37, 90])
     np.testing.assert_allclose(together, np.concatenate(alone, axis=1), atol=1e-6)
 
 

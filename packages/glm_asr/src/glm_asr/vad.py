@@ -12,10 +12,10 @@ Everything before the LSTM sees that frame only, so the frames are encoded many 
 LSTM steps, its rows (blocks) together. A long file is cut into blocks run side by side (rows of
 one step, on the CPU such groups in a thread pool: numpy's products release the GIL); every block
 but the first starts WARMUP_S earlier with a fresh state and its first WARMUP_S of probabilities
-are dropped. The reset is not forgotten
-that soon (measured: Silero's state moves probabilities at speech edges by up to ~0.5 for tens
-of seconds and by 1e-4 for minutes), but the speech found is the same: regions within a frame or
-two, segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
+are dropped. The reset is not forgotten that soon (measured: Silero's state moves probabilities
+at speech edges by up to ~0.5 for tens of seconds and by 1e-4 for minutes), but the speech found
+is the same: regions within a frame or two, segments within 0.1 s of one sequential pass
+(tests/asr/test_vad.py).
 
 speech_segments: the speech regions (threshold hysteresis as Silero's get_speech_timestamps)
 that pauses shorter than min_silence_duration_ms separate are merged into segments of at most
@@ -229,18 +229,12 @@ def _run_rows(view, rows, steps: int, chunk: int):
     return out
 
 
-def _run_blocks(x: np.ndarray, starts: list[int], steps: int) -> np.ndarray:
-    """(steps, len(starts)) probabilities of the blocks of `steps` frames starting at the frames
-    `starts` of x, each from a fresh state, all in one batch (rows of one LSTM step)."""
-    view, (base,) = _frame_view([x], steps + max(starts))
-    return _run_rows(view, [base + f for f in starts], steps, CHUNK)
-
-
 def _layout(n: int, blocks: int, min_block: int, warm: int) -> tuple[list[int], int, int]:
     """(first frames, frames kept a block, steps a block) of n frames cut into at most `blocks`
-    blocks of at least min_block frames. Block 0 runs from frame 0 (its first `length` frames
-    are the sequential pass's); block k from k*length - warm, keeping its last `length`."""
-    blocks = max(1, min(blocks, n // min_block))
+    blocks of at least min_block frames (0: one block). Block 0 runs from frame 0 (its first
+    `length` frames are the sequential pass's); block k from k*length - warm, keeping its last
+    `length`."""
+    blocks = max(1, min(blocks, n // min_block)) if min_block else 1
     length = -(-n // blocks)                       # frames kept per block
     blocks = -(-n // length)
     if blocks == 1:
@@ -308,6 +302,7 @@ def speech_probs(samples16k, *, threads: int | None = None, batch: int = BATCH,
 
 
 def _frames(min_block_s: float, warmup_s: float) -> tuple[int, int]:
+    """(min_block, warm) in frames; min_block 0 for an infinite min_block_s (one block)."""
     warm = math.ceil(warmup_s * SAMPLE_RATE / FRAME)
     return (max(1, warm, round(min_block_s * SAMPLE_RATE / FRAME)) if math.isfinite(min_block_s) else 0), warm
 
@@ -317,7 +312,7 @@ def _probs(x: np.ndarray, threads: int | None, batch: int, min_block_s: float, w
     threads = max(1, threads or _cpus())
     batch = max(1, int(batch))
     min_block, warm = _frames(min_block_s, warmup_s)
-    starts, length, steps = _layout(n, threads * batch, min_block or n, warm)
+    starts, length, steps = _layout(n, threads * batch, min_block, warm)
     view, (base,) = _frame_view([x], steps)
     groups = [list(g) for g in np.array_split(np.arange(len(starts)), min(threads, len(starts)))]   # <= batch each
     p = np.empty((steps, len(starts)), np.float32)
@@ -350,7 +345,7 @@ def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: f
             raise ValueError(f"samples must be one-dimensional (mono), got shape {x.shape}")
     ns = [-(-len(x) // FRAME) for x in xs]
     live = [i for i, n in enumerate(ns) if n]
-    layouts = {i: _layout(ns[i], 1 << 30, min_block or ns[i], warm) for i in live}
+    layouts = {i: _layout(ns[i], 1 << 30, min_block, warm) for i in live}
     out = [np.zeros(0, np.float32) for _ in xs]
     if not live:
         return out
