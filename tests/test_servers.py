@@ -227,6 +227,41 @@ def test_gpt_requests_share_the_running_batch(gpt_server):
     assert max(first) < min(last)
 
 
+def test_gpt_stream_ends_in_one_write():
+    """A stream's last text, its finish_reason chunk, the usage chunk and [DONE] go out as one
+    write: 64 streams ending in the same step are 64 sends on the event loop, not 256."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpt.serve import _events
+    from tilekernels.runtime import Completion
+    from tilekernels.runtime.server import EngineJob
+
+    class Connected:
+        async def is_disconnected(self):
+            return False
+
+    async def stream():
+        job = EngineJob([])
+        req = SimpleNamespace(echo=False, ids=[[1, 2]], n=1, prompt_texts=["ab"], include_usage=True,
+                              prompt_tokens=2)
+        writes = _events(Connected(), job, req, "cmpl-1", 0, "gpt2")
+        job.emit([(0, "Hello")])
+        first = await writes.__anext__()
+        job.emit([(0, " world")])
+        job.future.set_result([Completion([5, 6], "Hello world", "length")])
+        return first, [w async for w in writes]
+
+    first, rest = asyncio.run(stream())
+    assert '"text": "Hello"' in first and "[DONE]" not in first
+    assert len(rest) == 1
+    events = [json.loads(e[6:]) for e in rest[0].strip().split("\n\n")[:-1]]
+    assert [e["choices"][0]["text"] for e in events[:2]] == [" world", ""]
+    assert events[1]["choices"][0]["finish_reason"] == "length"
+    assert events[2]["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    assert rest[0].endswith("data: [DONE]\n\n")
+
+
 def test_gpt_sigterm_finishes_the_running_batch(request, gpt_ckpt, tmp_path_factory):
     """SIGTERM while rows decode: the running requests finish whole, then the server exits cleanly."""
     s = start(request, "gpt.serve", [f"model.path={gpt_ckpt}"], tmp_path_factory.mktemp("gpt_drain"))

@@ -179,3 +179,45 @@ def test_kernel_compiles(name, kernel, params):
         buf = io.BytesIO()
         export_kernel(kernel, [sig], buf, gpu_code=arch, output_format="cubin")
         assert len(buf.getvalue()) > 1000, f"{name} {arch}: empty cubin"
+
+
+# the models' decode products: (outputs of a half for swiglu, K, swiglu)
+DECODE_SHAPES = {"glm qkv": (3072, 2048, False), "glm o": (2048, 2048, False), "glm gate/up": (6144, 2048, True),
+                 "glm down": (2048, 6144, False), "glm head": (59264, 2048, False), "gpt2 qkv": (2304, 768, False),
+                 "gpt2 o": (768, 768, False), "gpt2 fc1": (3072, 768, False), "gpt2 fc2": (768, 3072, False),
+                 "gpt2 head": (50257, 768, False)}
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=list(DECODE_SHAPES))
+def test_skinny_splits_cut_k_the_same_way_at_every_batch(shape, itemsize):
+    """The split-K plan of a decode product covers K once, keeps every split at least
+    MIN_SPLIT_UNITS x SKINNY_SPLIT_K long and at most two blocks an SM, and is the same in
+    K (not in K tiles: they differ by weight dtype) for every batch bucket, which keeps a row's
+    sums in one order whatever decodes beside it."""
+    n, k, glu = DECODE_SHAPES[shape]
+    plans = set()
+    for m in (1, 2, 8, 16, 32, 64, 128):
+        _, tile_n, tile_k = linear.skinny_tiles(m, n, glu, itemsize)
+        per, splits = linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)
+        span = per * tile_k                         # K a split covers
+        assert (splits - 1) * span < k <= splits * span
+        assert span % linear.SKINNY_SPLIT_K == 0
+        if splits > 1:
+            assert span >= linear.MIN_SPLIT_UNITS * linear.SKINNY_SPLIT_K
+            assert -(-n // tile_n) * (2 if glu else 1) * splits <= 2 * 132
+        plans.add((span, splits))
+    assert len(plans) == 1
+
+
+def test_skinny_splits_of_the_models():
+    """What the sweep chose (docs/performance.md): gpt2's K = 768 products and GLM-ASR's gated
+    unit and head take no split; GLM-ASR's down projection 8, its qkv and o 4."""
+    def splits(name):
+        n, k, glu = DECODE_SHAPES[name]
+        _, tile_n, tile_k = linear.skinny_tiles(1, n, glu, 2)
+        return linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)[1]
+
+    assert {name: splits(name) for name in DECODE_SHAPES} == {
+        "glm qkv": 4, "glm o": 4, "glm gate/up": 1, "glm down": 8, "glm head": 1,
+        "gpt2 qkv": 1, "gpt2 o": 1, "gpt2 fc1": 1, "gpt2 fc2": 6, "gpt2 head": 1}

@@ -3,6 +3,7 @@ in batches of 8 and 64, with mixed lengths, arrivals mid-run and slots reused), 
 leave and waiting ones take their slots, a request that cannot fit fails alone."""
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 
@@ -156,13 +157,19 @@ def test_a_bfloat16_cache_keeps_rows_independent(ckpt):
 def test_warm_up_builds_every_batch_size_and_leaves_the_engine_as_new(ckpt):
     """A server's warm-up: the decode steps of each batch size the engine can run (its buckets
     and max_batch), in each sampling mode asked for, exist before any request; afterwards the
-    engine is idle, its slots free, and it decodes as a new one."""
+    engine is idle, its slots free, and it decodes as a new one. What it built is frozen out of
+    the garbage collector's full passes."""
     rng = np.random.default_rng(5)
     model = GPT.load(ckpt)
     work = workload(rng, 10, model.config.vocab_size)
     engine = Engine(model, 12)
     sampled = Sampling(temperature=0.8, top_k=200)
-    warm_up(engine, (GREEDY, sampled))
+    gc.unfreeze()
+    try:
+        warm_up(engine, (GREEDY, sampled))
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
     built = {(rows, mode.draws, mode.top_k) for rows, mode in engine.runner.decoders}
     assert built == {(rows, s, s) for rows in (1, 2, 4, 8, 12) for s in (False, True)}
     assert not engine.busy and sorted(engine.runner.slots.free) == list(range(12))

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, Engine, Request, check_length, generate, \
+from tilekernels.runtime import CheckpointError, Engine, Request, check_length, freeze_heap, generate, \
     load_tokenizer, warm_up
 
 from .audio import SAMPLE_RATE, Audio
@@ -127,6 +127,7 @@ class Transcriber:
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
+        freeze_heap()       # the model and the kernels compiled so far: out of the collector's full passes
         files: list[_File] = []
         vad_jobs: list[_VadJob] = []
         windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))

@@ -75,10 +75,13 @@ def warm_up(engine: Engine, samplings: Sequence[Sampling] = (GREEDY,), prompt_to
     """Build the decode steps of every batch size engine.max_batch can run (its buckets, and
     max_batch itself) in each of the samplings' modes, before any request: on the GPU their
     kernels compile and their graphs are captured on first use, seconds that a server's first
-    requests at each concurrency would otherwise wait for."""
+    requests at each concurrency would otherwise wait for. What they built is then frozen out of
+    the garbage collector's full passes (freeze_heap)."""
+    from .device import freeze_heap
     from .runner import BUCKETS
 
     prompt = [engine.model.eos_ids[0]] * prompt_tokens
     for rows in sorted({min(b, engine.max_batch) for b in BUCKETS}):
         for sampling in samplings:
             generate(engine, [prompt] * rows, 2, sampling, seed=0, ignore_eos=True)
+    freeze_heap()

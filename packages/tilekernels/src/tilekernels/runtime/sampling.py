@@ -60,7 +60,8 @@ class Sampler:
     def __init__(self, s: Sampling | None, xp, batch: int, vocab: int, seed: int | None = None):
         self.xp, self.batch, self.vocab = xp, batch, vocab
         self.host = {name: np.full(batch, default, dt) for name, dt, default in _FIELDS}
-        self.dev = {name: xp.asarray(a) for name, a in self.host.items()}
+        self.dev = {name: xp.asarray(a) for name, a in self.host.items()}   # numpy: the host arrays themselves
+        self.stale = False      # whether dev lags host (set_row writes the host only: sync())
         self.rngs: list = [None] * batch
         self.seen = None
         self.fixed: Mode | None = None
@@ -71,11 +72,13 @@ class Sampler:
 
     # ------------------------------------------------------------ rows
     def set_row(self, row: int, s: Sampling, prompt: Sequence[int], rng: np.random.Generator | None) -> None:
-        """Row `row` now continues `prompt` under s, drawing from rng (None: it draws nothing)."""
+        """Row `row` now continues `prompt` under s, drawing from rng (None: it draws nothing).
+        The device copies of the settings follow at the next sync() (the engine admits and
+        releases dozens of rows at once: one copy an array, not four copies a row)."""
         o = self.owner
-        for (name, dt, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty)):
+        for (name, _, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty)):
             o.host[name][row] = v
-            o.dev[name][row] = dt(v)
+        o.stale = o.xp is not np
         o.rngs[row] = rng
         if s.repetition_penalty != 1 and o.seen is None:
             o.seen = o.xp.zeros((o.batch, o.vocab), np.uint8)
@@ -83,6 +86,15 @@ class Sampler:
             mask = np.zeros(o.vocab, np.uint8)
             mask[np.asarray(prompt, np.int64)] = 1
             o.seen[row] = o.xp.asarray(mask)
+
+    def sync(self) -> None:
+        """Copy the rows' settings to the device, if set_row changed them since: before decode
+        steps run (a captured graph reads them where they are)."""
+        o = self.owner
+        if o.stale:
+            for name, a in o.host.items():
+                o.dev[name].set(a)
+            o.stale = False
 
     def clear_row(self, row: int) -> None:
         """A free row: greedy, drawing nothing."""
@@ -146,6 +158,7 @@ class Sampler:
     def __call__(self, logits, uniforms=None, **tail):
         """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when no
         row draws); tail: the op's out, positions, counters and embed."""
+        self.sync()
         m, o, n = self.mode, self.owner, self.batch
         if not m.draws and not m.penalty:
             return tk.argmax(logits, **tail)

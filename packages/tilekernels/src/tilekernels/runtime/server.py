@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import queue
 import threading
@@ -23,6 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .device import freeze_heap
 
 log = logging.getLogger("tilekernels.server")
 
@@ -393,6 +396,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
     finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143)."""
     import uvicorn
 
+    gc.collect()        # what loading and warm-up left behind, then the rest frozen (freeze_heap)
+    freeze_heap()
     config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None)
     uvicorn.Server(config).run()
 
