@@ -174,6 +174,7 @@ class DecodeGraph:
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
+        self.sampler.sync()                             # rows set since the last replay (set_row)
         self._seed(ids, positions)
         # chunk_sizes' replays: a chain ends where it began, at x[0]; consecutive replays are
         # different graphs, so a graph's pinned buffers are read before it is queued again

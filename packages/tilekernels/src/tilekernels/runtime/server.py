@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gc
 import logging
 import queue
 import threading
@@ -396,8 +395,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
     finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143)."""
     import uvicorn
 
-    gc.collect()        # what loading and warm-up left behind, then the rest frozen (freeze_heap)
-    freeze_heap()
+    freeze_heap()       # what loading and warm-up built: out of the collector's full passes
     config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None)
     uvicorn.Server(config).run()
 
