@@ -163,7 +163,6 @@ class ModelRunner:
         still running by each chunk's steps (Engine)."""
         slots = self.slots
         rows = min(bucket(max(requests) + 1), slots.rows)
-        self.sampler.sync()         # the rows admitted or released since the last decode
         dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
         dec.cache.length = 0
         first = np.zeros(rows, np.int64)
