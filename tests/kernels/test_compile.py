@@ -158,13 +158,18 @@ def specializations():
                              arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32, I32, d,
                              decode_attn.group_rows(4 if d == 128 else 1),
                              decode_attn.tile_keys(d, 2 if kv == ct.uint16 else 4), 0, new, rope_on, rows]))
+    tm, tn, kernel = attention.flash_plan(64, False, bf16=True)      # GLM-ASR's encoder at precision bf16
+    out.append(("flash-64-bf16", kernel, [arr(4, dtype=W16), arr(4, False, W16), arr(4, False, W16), arr(4, dtype=W16),
+                                          iarr(1), F32, I32, 64, tm, tn, False, 2]))
     for heads, d in ((20, 64), (16, 128), (4, 128)):   # GLM encoder q/k, decoder q, decoder k
         out.append((f"rope-{heads}-{d}", rope.rope_kernel,
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
     for d, rope_on, kv in ((64, False, ct.float32), (128, True, ct.float32), (64, True, ct.float32),
-                           (64, False, ct.uint16), (128, True, ct.uint16)):     # GPT-2, GLM decoder, GLM encoder
+                           (64, False, ct.uint16), (128, True, ct.uint16), (64, True, ct.uint16)):
+        # GPT-2, GLM decoder, GLM encoder (float32, and bfloat16 q, k, v at precision bf16)
+        q = arr(4, dtype=ct.uint16) if (d, rope_on, kv) == (64, True, ct.uint16) else arr(4)
         out.append((f"split-qkv-{d}-rope{rope_on}-{kv}", qkv.split_qkv_kernel,
-                    [arr(4), arr(4, dtype=kv), arr(4, dtype=kv), arr(4), iarr(1), iarr(1), arr(3), arr(3), I32,
+                    [arr(4), arr(4, dtype=kv), arr(4, dtype=kv), q, iarr(1), iarr(1), arr(3), arr(3), I32,
                      qkv.SPLIT_TILE_T, d, rope_on]))
     return out
 

@@ -509,6 +509,40 @@ def test_attention(poisoned, rng, b, hq, hkv, tq, tk_, d, causal):
     assert rel_err(tk.attention(gq, gk, gv, causal=causal), ref) <= TF32
 
 
+@pytest.mark.parametrize("b,hq,hkv,tq,tk_,d,causal", [
+    (1, 1, 1, 1, 1, 64, False), (2, 4, 2, 7, 7, 64, True), (1, 20, 20, 1500, 1500, 64, False),
+    (3, 2, 1, 769, 769, 64, False), (2, 16, 4, 33, 1281, 128, True), (1, 4, 4, 1, 300, 128, True),
+])
+def test_attention_of_bfloat16_inputs(poisoned, rng, b, hq, hkv, tq, tk_, d, causal):
+    """bfloat16 q, k, v (GLM-ASR's encoder at precision bf16): bfloat16 products with fp32 sums
+    against float64 on the same values. The probabilities enter the second product rounded to
+    bfloat16 (each weight off by at most 2^-9 of itself: the output by at most 2^-9 of max |v|)
+    and the result is rounded to bfloat16 (2^-9 of itself): 2^-8 of max |v| bounds the error."""
+    import cupy
+
+    q, k, v = (bf16_pair(rng, *shape)[0] for shape in ((b, hq, tq, d), (b, hkv, tk_, d), (b, hkv, tk_, d)))
+    got = tk.attention(*(tk.compact(cupy.asarray(a)) for a in (q, k, v)), causal=causal)
+    assert got.dtype == tk.weights.BF16
+    got = cupy.asnumpy(got.view(cupy.uint16)).view(tk.weights.BF16).astype(np.float64)
+    ref = tk.attention(q, k, v, causal=causal).astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= 2 ** -8 * np.abs(v).max()
+
+
+def test_split_qkv_hands_q_over_in_bfloat16(poisoned, rng):
+    """q rounded to bfloat16 once, from the float32 q (the encoder's scratch at precision bf16)."""
+    import cupy
+
+    bf16 = tk.weights.BF16
+    qkv, gqkv = pair(rng, 2, 37, 60 * 64)
+    start = cupy.zeros(1, np.int32)
+    caches = [cupy.zeros((2, 20, 37, 64), np.uint16).view(bf16) for _ in range(2)]
+    q32 = tk.split_qkv(gqkv, *[cupy.zeros((2, 20, 37, 64), np.float32) for _ in range(2)], start, 20)
+    q16 = tk.split_qkv(gqkv, *caches, start, 20, q_dtype=bf16)
+    assert q16.dtype == bf16
+    assert cupy.array_equal(q16.view(cupy.uint16), tk.weights.to_bf16(q32).view(cupy.uint16))
+
+
 def test_attention_on_cache_views(poisoned, rng):
     """k/v as prefixes of a longer pre-allocated cache (strided views), decode and chunk."""
     (kc, gkc), (vc, gvc) = pair(rng, 2, 4, 2048, 128), pair(rng, 2, 4, 2048, 128)

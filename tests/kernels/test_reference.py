@@ -219,6 +219,22 @@ def test_attention_gqa_causal_offset(rng, tq, tk_, causal):
     assert rel_err(got, _attn64(q, k, v, causal, 0.3)) <= 1e-5
 
 
+def test_attention_of_bfloat16_inputs_is_bfloat16(rng):
+    """bfloat16 q, k, v give the float32 attention of their values, rounded to bfloat16; split_qkv
+    hands q over in bfloat16 the same way (rounded once, from the float32 q)."""
+    bf16 = tk.weights.BF16
+    q, k, v = (f32(rng, 2, 4, t, 16).astype(bf16) for t in (7, 9, 9))
+    got = tk.attention(q, k, v, causal=True)
+    assert got.dtype == bf16
+    np.testing.assert_array_equal(got, tk.attention(*(a.astype(np.float32) for a in (q, k, v)), causal=True).astype(bf16))
+    qkv = f32(rng, 2, 3, 8 * 8)
+    caches = [np.zeros((2, 2, 6, 8), bf16) for _ in range(2)]
+    q16 = tk.split_qkv(qkv, *caches, np.array([1], np.int32), 4, q_dtype=bf16)
+    q32 = tk.split_qkv(qkv, *[np.zeros((2, 2, 6, 8), np.float32) for _ in range(2)], np.array([1], np.int32), 4)
+    assert q16.dtype == bf16
+    np.testing.assert_array_equal(q16, q32.astype(bf16))
+
+
 @pytest.mark.parametrize("t,stride", [(7, 1), (7, 2), (30, 2), (1, 1)])
 def test_conv1d(rng, t, stride):
     x, w, b = f32(rng, 2, 5, t), f32(rng, 6, 5, 3), f32(rng, 6)

@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 import tilekernels as tk
+from tilekernels.precision import input_dtype
 from tilekernels.runtime import CheckpointError, KVCache, graphed, load_tensors, move_weights, read_config, take
+from tilekernels.weights import empty
 
 from .config import GlmAsrConfig
 
@@ -128,11 +130,14 @@ class GlmAsr:
         b, t, c = x.shape
         cos, sin = tk.rope_cos_sin(xp.arange(t), e.rotary_dim, e.rope_theta)               # tables by position
         start = xp.zeros(1, np.int32)
-        k = xp.empty((b, e.num_kv_heads, t, e.head_dim), np.float32)
-        v = xp.empty_like(k)
+        # q, k, v in the dtype the output projection takes (bfloat16 at precision bf16): the
+        # attention then multiplies in bfloat16 and hands that projection its input as it is
+        dtype = input_dtype(w["encoder"][0].o[0])
+        k = empty(xp, (b, e.num_kv_heads, t, e.head_dim), dtype)
+        v = empty(xp, k.shape, dtype)
 
         def attend(qkv):        # bidirectional within the window; k, v: (B, H, T, D) scratch
-            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim)
+            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim, q_dtype=dtype)
             return tk.attention(q, k, v, causal=False)
 
         for block in w["encoder"]:

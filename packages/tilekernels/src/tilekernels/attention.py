@@ -6,8 +6,11 @@ full prefill (Tq = Tk), chunked prefill and decode. Key tiles entirely above the
 diagonal are never visited; only tiles that cross it (or the ragged end) are masked.
 k/v may be views into a longer KV cache (unit stride on the last axis only).
 
-k, v may be float32 or bfloat16 (a bfloat16 KV cache). Tq = 1 (decode) takes the decode
-kernel (decode.py), which also serves decode_attention.
+k, v may be float32 or bfloat16 (a bfloat16 KV cache). q, k and v all bfloat16 take bfloat16
+products (fp32 accumulation, the probabilities rounded to bfloat16 for the second product) and
+give a bfloat16 result, as torch's attention does for bfloat16 inputs; otherwise the products
+run at the matmul precision (TF32 by default) and the result is float32. Tq = 1 with float32 q
+(decode) takes the decode kernel (decode.py), which also serves decode_attention.
 """
 from __future__ import annotations
 
@@ -19,8 +22,8 @@ import numpy as np
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .activations import fast_div
 from .decode import LOG2E, NEG_INF, decode_cupy
-from .precision import mma, mma_mode
-from .weights import KV_DTYPES, f32
+from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
+from .weights import BF16, KV_DTYPES, empty, like
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -48,18 +51,19 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     s = np.where(visible_keys(q.shape[2], k.shape[2], causal, kv_start), s, -np.inf)
     s = np.exp(s - s.max(axis=-1, keepdims=True))
     s /= s.sum(axis=-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32)
+    return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32).astype(q.dtype)
 
 
 def online_softmax_step(s, v, m, l, acc, MMA):
-    """Fold one key tile (scores s, log2 units, masked entries -inf; values v (TILE_N, D))
-    into the running row max m, sum l and output acc; a row with no visible key so far stays
-    at (-inf, 0, 0)."""
+    """Fold one key tile (scores s, log2 units, masked entries -inf; values v (TILE_N, D), as
+    the mma takes them) into the running row max m, sum l and output acc; a row with no visible
+    key so far stays at (-inf, 0, 0). In BF16 mode the probabilities enter the product rounded
+    to bfloat16 (the sum l keeps them unrounded)."""
     m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
     m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
     p = ct.exp2(s - m_safe)
     alpha = ct.exp2(m - m_safe)
-    acc = mma(p, v, acc * alpha, MMA)
+    acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
     return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
 
 
@@ -76,7 +80,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     tk = K.shape[2]
     offset = tk - Q.shape[2]
     q = ct.load(Q, index=(b, h, mt, 0), shape=(1, 1, TILE_M, D), padding_mode=ct.PaddingMode.ZERO)
-    q = ct.reshape(q, (TILE_M, D))
+    q = operand(ct.reshape(q, (TILE_M, D)), MMA)
     kstart = ct.load(KS, index=(b,), shape=())
     rows = offset + mt * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
     cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
@@ -92,7 +96,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     for j in range(ct.cdiv(end, TILE_N)):
         k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
                     padding_mode=ct.PaddingMode.ZERO)
-        s = mma(q, f32(ct.reshape(k, (D, TILE_N))), ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32),
+        s = mma(q, operand(ct.reshape(k, (D, TILE_N)), MMA), ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32),
                 MMA) * scale_log2
         if j >= unmasked or j * TILE_N < kstart:
             key = j * TILE_N + cols
@@ -101,21 +105,22 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                 visible = visible & (key <= rows)
             s = ct.where(visible, s, NEG_INF)
         v = ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D), padding_mode=ct.PaddingMode.ZERO)
-        m, l, acc = online_softmax_step(s, f32(ct.reshape(v, (TILE_N, D))), m, l, acc, MMA)
+        m, l, acc = online_softmax_step(s, operand(ct.reshape(v, (TILE_N, D)), MMA), m, l, acc, MMA)
     # one reciprocal a row: dividing the tile elementwise took the slow division path per element
-    ct.store(O, index=(b, mt, h, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, TILE_M, 1, D)))
+    ct.store(O, index=(b, mt, h, 0), tile=like(O, ct.reshape(acc * fast_div(1.0, l), (1, TILE_M, 1, D))))
 
 
 flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
 
 
-def flash_plan(d: int, causal: bool):
+def flash_plan(d: int, causal: bool, bf16: bool = False):
     """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, from tools/sweep_attention.py at 4f7986f
     (attention-sweep-h100.json at 4f7986f): a bidirectional 64-wide encoder runs 128-query blocks two to
     an SM (1.8x the 64 x 64 tiles) over 32-key tiles (GLM-ASR's encoder: 76.9 vs 84.4 us for
-    64-key tiles, flash-gelu-sweep-h100.json at 4f7986f); causal and 128-wide heads take 128-key tiles."""
+    64-key tiles, flash-gelu-sweep-h100.json at 4f7986f), 64-key tiles in bfloat16 (8 windows'
+    heads 336 vs 282 us; TF32 607, docs/performance.md); causal and 128-wide heads take 128-key tiles."""
     if d == 64 and not causal:
-        return 128, 32, flash_kernel_occupancy2
+        return 128, 64 if bf16 else 32, flash_kernel_occupancy2
     return (64, 128, flash_kernel) if d <= 128 else (64, 64, flash_kernel)
 
 
@@ -126,17 +131,18 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
     bsz, hq, tq, d = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     if q.size == 0:
-        return cupy.empty_like(q)
+        return empty(cupy, q.shape, q.dtype)
     scale_log2 = float(scale) * LOG2E
-    if tq == 1:
+    bf16 = q.dtype == BF16
+    if tq == 1 and not bf16:
         if kv_len is None:
             kv_len = cupy.full(1, tk, dtype=cupy.int32)
         return decode_cupy(cupy.ascontiguousarray(q).reshape(bsz, hkv, hq // hkv, d), k, v, kv_start, kv_len,
                            scale_log2)
-    out = cupy.empty((bsz, tq, hq, d), dtype=cupy.float32)
-    tm, tn, kernel = flash_plan(d, bool(causal))
+    out = empty(cupy, (bsz, tq, hq, d), q.dtype)
+    tm, tn, kernel = flash_plan(d, bool(causal), bf16)
     launch((-(-tq // tm), bsz * hq, 1), kernel,
-           (q, k, v, out, kv_start, scale_log2, hq // hkv, d, tm, tn, bool(causal), mma_mode()))
+           (q, k, v, out, kv_start, scale_log2, hq // hkv, d, tm, tn, bool(causal), BF16_MMA if bf16 else mma_mode()))
     return out.transpose(0, 2, 1, 3)
 
 
@@ -145,18 +151,21 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
 
     q (B, Hq, Tq, D) contiguous; k, v (B, Hkv, Tk, D), unit stride on the last axis.
     kv_start: optional int32 (B,), the first real key of each sequence (left padding).
-    kv_len: optional int32 (1,) array, decode only (Tq = 1): only the first kv_len[0] keys
-    are valid, the length living in device memory so a captured graph can be replayed.
+    kv_len: optional int32 (1,) array, decode only (Tq = 1, float32 q): only the first kv_len[0]
+    keys are valid, the length living in device memory so a captured graph can be replayed.
+    q float32, or bfloat16 with k and v bfloat16 (bfloat16 products and result).
     D must be a power of two up to 256 on the GPU. scale defaults to 1/sqrt(D).
-    Returns (B, Hq, Tq, D); on the GPU a transposed view of a contiguous (B, Tq, Hq, D), so
+    Returns (B, Hq, Tq, D) of q's dtype; on the GPU a transposed view of a contiguous (B, Tq, Hq, D), so
     heads merge back into (B, Tq, Hq * D) without a copy.
     """
     kind = backend(q=q, k=k, v=v, kv_start=kv_start, kv_len=kv_len)
-    check("q", q, ndim=4)
+    check("q", q, ndim=4, dtype=KV_DTYPES)
     bsz, hq, tq, d = q.shape
     check("k", k, ndim=4, contiguous=False, inner_contiguous=True, dtype=KV_DTYPES)
     check("k", k, shape=(bsz, None, None, d), contiguous=False, dtype=KV_DTYPES)
     check("v", v, shape=tuple(k.shape), contiguous=False, inner_contiguous=True, dtype=k.dtype)
+    if q.dtype == BF16 and k.dtype != BF16:
+        raise ValueError(f"q: bfloat16 queries need bfloat16 keys and values, got {k.dtype}")
     if k.shape[1] == 0 or hq % k.shape[1]:
         raise ValueError(f"k: query heads ({hq}) must be a multiple of key/value heads ({k.shape[1]})")
     if causal and tq > k.shape[2]:
@@ -166,8 +175,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
     check("kv_start", kv_start, shape=(bsz,), dtype=np.int32)
     if kv_len is not None:
         check("kv_len", kv_len, shape=(1,), dtype=np.int32)
-        if tq != 1:
-            raise ValueError(f"kv_len: only for decode (Tq = 1), got Tq={tq}")
+        if tq != 1 or q.dtype == BF16:
+            raise ValueError(f"kv_len: only for decode (Tq = 1, float32 q), got Tq={tq}, q {q.dtype}")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if kind == "numpy":
         if kv_len is not None:

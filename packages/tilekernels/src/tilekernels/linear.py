@@ -34,8 +34,8 @@ from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in
 from ._reduce import sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
-from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode
-from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, result_dtype, to_bf16, widen
+from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode, operand
+from .weights import BF16, WEIGHT_DTYPES, empty, f32, like, result_dtype, to_bf16, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -246,12 +246,6 @@ def _grouped(tile_id, num_m, num_n):
     first_m = (tile_id // in_group) * GROUP_M
     size_m = min(num_m - first_m, GROUP_M)
     return first_m + (tile_id % size_m), (tile_id % in_group) // size_m
-
-
-def operand(tile, MMA: int):
-    """Tile helper: a loaded tile as the mma takes it: bfloat16 in BF16 mode (both arrays
-    bfloat16), float32 otherwise (widened from bfloat16)."""
-    return bf16(tile) if MMA == BF16_MMA else f32(tile)
 
 
 @ct.kernel

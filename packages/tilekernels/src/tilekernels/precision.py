@@ -10,8 +10,8 @@ bfloat16 weights take bfloat16 inputs, fp32 accumulation: twice TF32's tensor-co
 the large products (encoders, prefills), whose inputs the kernels producing them store in
 bfloat16 (norms, the first MLP projection), and for a decode step's products no widening of
 the weight tiles, only x rounded in registers (GLM-ASR's gate/up at 64 rows 90 -> 72 us, H100).
-Attention keeps TF32 (bfloat16 flash attention ran GLM-ASR's encoder 608 -> 493 us for 8
-windows on an H100, not adopted: docs/performance.md). The residual stream, every
+Attention takes bfloat16 inputs where its caller stores q, k and v so (GLM-ASR's encoder at
+'medium': 607 -> 282 us for 8 windows' heads on an H100), TF32 otherwise. The residual stream, every
 accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rounds them all).
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ import contextlib
 
 import cuda.tile as ct
 import numpy as np
+
+from .weights import bf16, f32
 
 _PRECISIONS = ("high", "highest", "medium")
 TF32, TF32X3, BF16 = 0, 1, 2          # the kernels' MMA compile-time mode
@@ -68,6 +70,12 @@ def input_dtype(weight) -> np.dtype:
     from .weights import BF16 as BF16_DTYPE
 
     return BF16_DTYPE if mma_mode(weight.dtype) == BF16 else np.dtype(np.float32)
+
+
+def operand(tile, MODE: int):
+    """Tile helper: a loaded tile as the mma takes it: bfloat16 in BF16 mode (loaded from a
+    bfloat16 array), float32 otherwise (widened from bfloat16)."""
+    return bf16(tile) if MODE == BF16 else f32(tile)
 
 
 def mma(a, b, acc, MODE):

@@ -13,7 +13,7 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .rope import rope_reference, rotate_half
-from .weights import KV_DTYPES, like
+from .weights import KV_DTYPES, empty, like, result_dtype
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -52,7 +52,7 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: Con
         position = ct.maximum(pos - ct.load(KS, index=(b,), shape=()), 0)
         x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, 0, position, half), x)
     if h < hq:
-        ct.store(Q, index=(b, h, tt, 0), tile=ct.reshape(x, (1, 1, TILE_T, D)))
+        ct.store(Q, index=(b, h, tt, 0), tile=like(Q, ct.reshape(x, (1, 1, TILE_T, D))))
     else:
         real = t < QKV.shape[1]      # the tile's tail past T must not touch the cache
         if h < hq + hkv:
@@ -100,7 +100,7 @@ def rope_rows(cos, sin, start: int, t: int, kv_start: np.ndarray):
 
 
 def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rotary_dim: int | None = None,
-              kv_start=None):
+              kv_start=None, q_dtype=np.float32):
     """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), storing k and v
     into k_cache, v_cache (B, Hkv, T_max, D) at slots start[0] .. start[0] + T - 1.
 
@@ -108,21 +108,25 @@ def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rota
     position, e.g. rope_cos_sin(arange(P)), rotating the first rotary_dim (default D) channels
     of q and k; the token in slot s of sequence b sits at position s - kv_start[b] (left
     padding; kv_start defaults to zeros). start: int32 (1,), read on the device; the caller
-    keeps start[0] + T <= T_max. D must be a power of two on the GPU.
+    keeps start[0] + T <= T_max. D must be a power of two on the GPU. q_dtype: float32, or
+    bfloat16 (rounded to nearest even, as a bfloat16 cache's keys are) for attention with
+    bfloat16 products.
     """
     kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
     kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
+    q_dtype = result_dtype(q_dtype)
     bsz, t, _ = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
     if kind == "numpy":
         s = int(start[0])
         if s < 0 or s + t > t_max:
             raise ValueError(f"start: positions {s}..{s + t - 1} do not fit a cache of {t_max}")
-        return split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, t, kv_start), rotary_dim)
+        q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, t, kv_start), rotary_dim)
+        return q.astype(q_dtype, copy=False)
     if d & (d - 1):
         raise ValueError(f"k_cache: head dim must be a power of two on the GPU, got {d}")
     xp = array_module(qkv)
-    q = xp.empty((bsz, heads, t, d), dtype=np.float32)
+    q = empty(xp, (bsz, heads, t, d), q_dtype)
     if q.size:
         rope = cos is not None
         launch((bsz * -(-t // SPLIT_TILE_T), heads + 2 * kv_heads, 1), split_qkv_kernel,
