@@ -35,6 +35,8 @@ READERS = 8                # files read at once (CPU threads): as many as the VA
                            # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
+WINDOW_PROMPT = 512        # tokens a full window's prompt takes at most (375 audio + instruction)
+POLL_S = 0.001             # the wait for a window while the GPU is still encoding
 _END = object()             # a source iterator's end
 
 
@@ -71,9 +73,12 @@ class Transcriber:
 
     def __init__(self, model: GlmAsr, tokenizer, max_batch: int = MAX_BATCH, encoder_batch: int = ENCODER_BATCH):
         self.model, self.tok = model, tokenizer
-        self.engine = Engine(self.model, max_batch)
+        # a batch's windows may join in one prefill: rows admitted in several groups start apart and
+        # finish apart, costing the later ones' last steps at a smaller batch
+        self.engine = Engine(self.model, max_batch, prefill_tokens=max_batch * WINDOW_PROMPT)
         self.encoder_batch = encoder_batch
         self._vad_stream = None
+        self._encoded = None        # the event of the last encoder pass queued (GPU)
         pad = self.tok.token_to_id("<|pad|>")
         for name in ("<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"):
             if self.tok.token_to_id(name) is None:
@@ -191,15 +196,19 @@ class Transcriber:
                     break
                 # take what the readers have while the engine has room for it, waiting for them only
                 # when nothing else can move; encode a group once it is full, or when no more is at hand
+                # a part group is encoded, and the engine stepped before its batch is full, only once the
+                # GPU has run the encoder passes queued so far: a prefill queued sooner would wait behind
+                # them anyway, and the windows read meanwhile join the same group, prefill and flow
                 e = self.engine
                 room = e.max_batch - len(e.scheduler.running) - len(e.scheduler.waiting)
-                idle = not e.busy and not group
+                encoding = self._encoding()
+                wait = 0.1 if not e.busy and not group and not encoding else POLL_S if encoding else 0.0
                 while len(group) < min(self.encoder_batch, max(room, 1)):
                     try:
-                        index, n, w = windows.get(block=idle, timeout=0.1)
+                        index, n, w = windows.get(block=wait > 0, timeout=wait or None)
                     except queue.Empty:
                         break
-                    idle = False
+                    wait = 0.0
                     if isinstance(w, Window):
                         group.append((index, n, w))
                     elif isinstance(w, _VadJob):
@@ -211,14 +220,15 @@ class Transcriber:
                 if vad_jobs:
                     self._vad(vad_jobs)
                     vad_jobs = []
-                if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or windows.empty()):
+                ready = windows.empty() and not self._encoding()
+                if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or ready):
                     live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
                     if live:
                         self._encode(live, files, instruction, max_new_tokens, ignore_eos)
                     room -= len(group)
                     group = []
                 # decode once the batch is full or the readers have nothing more right now
-                if e.busy and (room <= 0 or windows.empty()):
+                if e.busy and (room <= 0 or (windows.empty() and not self._encoding())):
                     for ev in e.step():
                         index, n, w = ev.request.tag
                         if ev.finished and files[index] is not None:
@@ -263,6 +273,10 @@ class Transcriber:
         for j, p in zip(jobs, probs):
             j.future.set_result(p)
 
+    def _encoding(self) -> bool:
+        """Whether the GPU is still running the last encoder pass queued (always False on the CPU)."""
+        return self._encoded is not None and not self._encoded.done
+
     def _encode(self, group: list, files: list, instruction: str, max_new_tokens: int, ignore_eos: bool) -> None:
         """Encode a group of windows and queue each as a request of the engine."""
         m, xp = self.model, self.model.xp
@@ -275,6 +289,8 @@ class Transcriber:
                 files[index].windows.append((n, w.start_s, w.end_s))
                 self.engine.add(Request(ids, max_new_tokens, eos=eos, embeds=m.prompt_embeds(ids, emb[j, :w.tokens]),
                                         tag=(index, n, w)))
+            if xp is not np:
+                self._encoded = xp.cuda.get_current_stream().record()
 
     def _segments(self, f: _File) -> list[dict]:
         segments = []
