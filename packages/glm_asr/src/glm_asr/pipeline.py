@@ -196,9 +196,9 @@ class Transcriber:
                     break
                 # take what the readers have while the engine has room for it, waiting for them only
                 # when nothing else can move; encode a group once it is full, or when no more is at hand
-                # a part group is encoded, and the engine stepped before its batch is full, only once the
-                # GPU has run the encoder passes queued so far: a prefill queued sooner would wait behind
-                # them anyway, and the windows read meanwhile join the same group, prefill and flow
+                # and the GPU has run the encoder passes queued so far (so too for stepping the engine
+                # before its batch is full): a prefill queued sooner would wait behind them anyway, and
+                # the windows read meanwhile join the same group, prefill and flow
                 e = self.engine
                 room = e.max_batch - len(e.scheduler.running) - len(e.scheduler.waiting)
                 encoding = self._encoding()
