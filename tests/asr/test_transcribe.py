@@ -139,3 +139,32 @@ def test_warm_up_leaves_the_transcriber_as_new(tiny, audio_dir):
     got = run(warm)
     assert got == run(Transcriber.load(tiny, "cpu", max_batch=4, encoder_batch=3))
     assert len(got) == 2 and all(isinstance(s, list) and s for _, s in got)
+
+
+def test_windows_read_while_the_gpu_encodes_join_one_prefill(tiny):
+    """While the GPU still runs an encoder pass (Transcriber._encoding; simulated on the CPU: busy
+    for a second after each pass returns, as a queued GPU pass would be), the engine is not
+    stepped and a part group waits, so the windows join one prefill; the transcripts are a plain
+    run's."""
+    import time
+
+    rng = np.random.default_rng(3)
+    audio = [(0.1 * rng.standard_normal(32000)).astype(np.float32) for _ in range(6)]
+
+    def run(asr):
+        src = [(f"f{i}", lambda a=a: a) for i, a in enumerate(audio)]
+        return [(n, s) for n, s, _ in asr.transcribe_many(src, "Please transcribe this audio into text", 3)]
+
+    asr = Transcriber.load(tiny, "cpu", max_batch=16, encoder_batch=4)
+    last, prefills, stepped_busy = [-1e9], [], []
+    encode, prefill, step = asr._encode, asr.engine.runner.prefill, asr.engine.step
+
+    def busy():
+        return time.monotonic() - last[0] < 1.0
+    asr._encoding = busy
+    asr._encode = lambda *args: (encode(*args), last.__setitem__(0, time.monotonic()))[0]
+    asr.engine.runner.prefill = lambda reqs: (prefills.append(len(reqs)), prefill(reqs))[1]
+    asr.engine.step = lambda: (stepped_busy.append(busy()), step())[1]
+    got = run(asr)
+    assert prefills == [6] and stepped_busy and not any(stepped_busy)
+    assert got == run(Transcriber.load(tiny, "cpu", max_batch=16, encoder_batch=4))
