@@ -64,7 +64,7 @@ def test_numpy_in_numpy_out():
     (lambda: tk.attention(*[np.zeros((1, 2, 1, 8), tk.weights.BF16)] * 3, kv_len=np.ones(1, np.int32)),
      r"kv_len: only for decode \(Tq = 1, float32 q\)"),
     (lambda: tk.split_qkv(np.zeros((1, 2, 64), np.float32), *[np.zeros((1, 2, 4, 8), np.float32)] * 2,
-                          np.zeros(1, np.int32), 4, q_dtype=np.float16), "out_dtype: expected float32 or bfloat16"),
+                          np.zeros(1, np.int32), 4, q_dtype=np.float16), "q_dtype: expected float32 or bfloat16"),
     (lambda: tk.conv1d(np.zeros((1, 4, 2), np.float32), np.zeros((5, 4, 3), np.float32)), "too short"),
     (lambda: tk.rope(np.zeros((1, 2, 1, 8), np.float32), np.zeros((2, 4), np.float32),
                      np.zeros((2, 4), np.float32), rotary_dim=7), "rotary_dim: expected an even"),

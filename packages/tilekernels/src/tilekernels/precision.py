@@ -11,8 +11,9 @@ the large products (encoders, prefills), whose inputs the kernels producing them
 bfloat16 (norms, the first MLP projection), and for a decode step's products no widening of
 the weight tiles, only x rounded in registers (GLM-ASR's gate/up at 64 rows 90 -> 72 us, H100).
 Attention takes bfloat16 inputs where its caller stores q, k and v so (GLM-ASR's encoder at
-'medium': 607 -> 282 us for 8 windows' heads on an H100), TF32 otherwise. The residual stream, every
-accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rounds them all).
+'medium': 607 -> 282 us for 8 windows' heads on an H100), TF32 otherwise. The residual stream,
+every accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rounds them
+all).
 """
 from __future__ import annotations
 

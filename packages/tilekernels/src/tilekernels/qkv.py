@@ -114,7 +114,7 @@ def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rota
     """
     kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
     kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
-    q_dtype = result_dtype(q_dtype)
+    q_dtype = result_dtype(q_dtype, "q_dtype")
     bsz, t, _ = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
     if kind == "numpy":

@@ -38,10 +38,11 @@ def widen(a: Any) -> Any:
     return a.astype(np.float32) if a.dtype == BF16 else a
 
 
-def result_dtype(dtype) -> np.dtype:
-    """dtype as an op's out_dtype: float32 or bfloat16 (ValueError for any other)."""
+def result_dtype(dtype, name: str = "out_dtype") -> np.dtype:
+    """dtype as the dtype of an op's result (the argument `name`): float32 or bfloat16
+    (ValueError for any other)."""
     if np.dtype(dtype) not in WEIGHT_DTYPES:
-        raise ValueError(f"out_dtype: expected float32 or bfloat16, got {np.dtype(dtype)}")
+        raise ValueError(f"{name}: expected float32 or bfloat16, got {np.dtype(dtype)}")
     return np.dtype(dtype)
 
 
