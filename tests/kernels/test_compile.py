@@ -166,11 +166,13 @@ def specializations():
                     [arr(4), arr(3), arr(3), arr(4), I32, next_pow2(heads), d]))
     for d, rope_on, kv in ((64, False, ct.float32), (128, True, ct.float32), (64, True, ct.float32),
                            (64, False, ct.uint16), (128, True, ct.uint16), (64, True, ct.uint16)):
-        # GPT-2, GLM decoder, GLM encoder (float32, and bfloat16 q, k, v at precision bf16)
+        # GPT-2, GLM decoder, GLM encoder (float32, and bfloat16 projection, q, k, v at precision bf16)
         q = arr(4, dtype=ct.uint16) if (d, rope_on, kv) == (64, True, ct.uint16) else arr(4)
         out.append((f"split-qkv-{d}-rope{rope_on}-{kv}", qkv.split_qkv_kernel,
-                    [arr(4), arr(4, dtype=kv), arr(4, dtype=kv), q, iarr(1), iarr(1), arr(3), arr(3), I32,
-                     qkv.SPLIT_TILE_T, d, rope_on]))
+                    [q, arr(4, dtype=kv), arr(4, dtype=kv), q, iarr(1), iarr(1), arr(3), arr(3),
+                     qkv.split_tile_t(d), d, (d // 4 if d == 64 else d // 2) if rope_on else 0]))
+    out.append(("split-qkv-64-rope24", qkv.split_qkv_kernel,      # a rotary width not a power of two gathers
+                [arr(4), arr(4), arr(4), arr(4), iarr(1), iarr(1), arr(3), arr(3), qkv.split_tile_t(64), 64, 12]))
     return out
 
 

@@ -182,7 +182,8 @@ def test_linear_with_folded_norm(poisoned, rng, m, k, n, norm, act, offset):
 
 @pytest.mark.parametrize("b,t,hq,hkv,d,rope", [(1, 1, 12, 12, 64, 0), (2, 7, 12, 12, 64, 0),      # GPT-2
                                                (1, 1, 16, 4, 128, 128), (1, 769, 16, 4, 128, 128),  # GLM decoder
-                                               (2, 1500, 20, 20, 64, 32), (2, 3, 4, 2, 64, 16)])   # GLM encoder
+                                               (2, 1500, 20, 20, 64, 32), (2, 3, 4, 2, 64, 16),    # GLM encoder
+                                               (1, 9, 4, 4, 128, 32), (2, 5, 4, 2, 64, 24)])       # a quarter; gathered
 def test_split_qkv(poisoned, rng, b, t, hq, hkv, d, rope):
     """q comes back rotated; k (rotated) and v land in the cache at start..start+T-1 and no
     other slot changes (the rest of the cache keeps its poison)."""
@@ -541,6 +542,25 @@ def test_split_qkv_hands_q_over_in_bfloat16(poisoned, rng):
     q16 = tk.split_qkv(gqkv, *caches, start, 20, q_dtype=bf16)
     assert q16.dtype == bf16
     assert cupy.array_equal(q16.view(cupy.uint16), tk.weights.to_bf16(q32).view(cupy.uint16))
+
+
+@pytest.mark.parametrize("rope", [32, 24])      # rotated in registers; gathered
+def test_split_qkv_of_a_bfloat16_projection(poisoned, rng, rope):
+    """A bfloat16 projection (the encoder's at precision bf16) gives what its float32 widening does,
+    bit for bit: q, k and v in bfloat16, k rotated."""
+    import cupy
+
+    bf16 = tk.weights.BF16
+    gqkv = tk.weights.to_bf16(pair(rng, 2, 37, 12 * 64)[1])
+    cos, sin = (cupy.asarray(a) for a in tk.rope_cos_sin(np.arange(37), rope))
+    start = cupy.zeros(1, np.int32)
+    outs = []
+    for qkv in (gqkv, (gqkv.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)):
+        caches = [cupy.full((2, 4, 37, 64), 0xFFFF, np.uint16).view(bf16) for _ in range(2)]
+        outs.append([a.view(cupy.uint16) for a in (tk.split_qkv(qkv, *caches, start, 4, cos, sin, rope,
+                                                               q_dtype=bf16), *caches)])
+    for got, want in zip(*outs):
+        assert cupy.array_equal(got, want)
 
 
 def test_attention_on_cache_views(poisoned, rng):

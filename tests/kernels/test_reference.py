@@ -234,6 +234,13 @@ def test_attention_of_bfloat16_inputs_is_bfloat16(rng):
     q32 = tk.split_qkv(qkv, *[np.zeros((2, 2, 6, 8), np.float32) for _ in range(2)], np.array([1], np.int32), 4)
     assert q16.dtype == bf16
     np.testing.assert_array_equal(q16, q32.astype(bf16))
+    half = qkv.astype(bf16)         # a bfloat16 projection: as its float32 widening
+    for q_dtype in (np.float32, bf16):
+        np.testing.assert_array_equal(
+            tk.split_qkv(half, *[np.zeros((2, 2, 6, 8), bf16) for _ in range(2)], np.array([1], np.int32), 4,
+                         q_dtype=q_dtype),
+            tk.split_qkv(half.astype(np.float32), *[np.zeros((2, 2, 6, 8), bf16) for _ in range(2)],
+                         np.array([1], np.int32), 4, q_dtype=q_dtype))
 
 
 @pytest.mark.parametrize("t,stride", [(7, 1), (7, 2), (30, 2), (1, 1)])

@@ -130,8 +130,9 @@ class GlmAsr:
         b, t, c = x.shape
         cos, sin = tk.rope_cos_sin(xp.arange(t), e.rotary_dim, e.rope_theta)               # tables by position
         start = xp.zeros(1, np.int32)
-        # q, k, v in the dtype the output projection takes (bfloat16 at precision bf16): the
-        # attention then multiplies in bfloat16 and hands that projection its input as it is
+        # the fused projection and q, k, v in the dtype the output projection takes (bfloat16 at
+        # precision bf16): the attention then multiplies in bfloat16 and hands that projection
+        # its input as it is; split_qkv reads half the bytes
         dtype = input_dtype(w["encoder"][0].o[0])
         k = empty(xp, (b, e.num_kv_heads, t, e.head_dim), dtype)
         v = empty(xp, k.shape, dtype)
@@ -141,7 +142,7 @@ class GlmAsr:
             return tk.attention(q, k, v, causal=False)
 
         for block in w["encoder"]:
-            x = block(x, attend)
+            x = block(x, attend, qkv_dtype=dtype)
         return w["enc_norm"](x)
 
     def project(self, states):

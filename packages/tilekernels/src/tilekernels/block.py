@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from ._arrays import array_module
 from .linear import linear
 from .norm import LayerNorm, RMSNorm
@@ -31,11 +33,12 @@ class Block:
     fc2: tuple
     activation: str
 
-    def __call__(self, x, attend: Callable):
+    def __call__(self, x, attend: Callable, qkv_dtype=np.float32):
         """The layer on x (B, T, C); attend(qkv) -> (B, H, T, D) is the attention of the new
-        tokens given their fused projection (writing a cache, rotating, masking as it needs)."""
+        tokens given their fused projection (writing a cache, rotating, masking as it needs),
+        which it takes in qkv_dtype (bfloat16 for attention that multiplies in bfloat16)."""
         b, t, _ = x.shape
-        y = attend(linear(x, *self.qkv, norm=self.norm1))
+        y = attend(linear(x, *self.qkv, norm=self.norm1, out_dtype=qkv_dtype))
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
         x = linear(y, *self.o, residual=x)
         h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2,

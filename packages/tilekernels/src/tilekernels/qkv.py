@@ -12,18 +12,17 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch
-from .rope import rope_reference, rotate_half
-from .weights import KV_DTYPES, empty, like, result_dtype
+from .rope import rope_reference, rotate_half, rotate_half_tile
+from .weights import KV_DTYPES, empty, f32, like, result_dtype
 
 ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
 
 
 def split_qkv_reference(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int, heads: int,
                         cos: np.ndarray | None, sin: np.ndarray | None, rotary_dim: int) -> np.ndarray:
     b, t, _ = qkv.shape
     kv_heads, d = k_cache.shape[1], k_cache.shape[3]
-    x = qkv.reshape(b, t, heads + 2 * kv_heads, d)
+    x = qkv.astype(np.float32, copy=False).reshape(b, t, heads + 2 * kv_heads, d)
     q, k, v = x[:, :, :heads], x[:, :, heads:heads + kv_heads], x[:, :, heads + kv_heads:]
     if cos is not None:
         q, k = rope_reference(q, cos, sin, rotary_dim), rope_reference(k, cos, sin, rotary_dim)
@@ -32,12 +31,18 @@ def split_qkv_reference(qkv: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarra
     return np.ascontiguousarray(q.transpose(0, 2, 1, 3), dtype=np.float32)
 
 
-SPLIT_TILE_T = 8       # tokens per block: 25.7 vs 28.6 us (GLM-ASR encoder), 10.5 vs 18.4 (prefill) for 16, H100
+def split_tile_t(d: int) -> int:
+    """Tokens a split_qkv block: 1,024 values of one head. GLM-ASR's encoder (D = 64), 8 windows:
+    102 us at 16 tokens against 122 at 8; its decoder's prefill (D = 128, 64 x 400 tokens):
+    203 us at 8 against 212 at 16 (H100)."""
+    return max(8, 1024 // d)
 
 
 @ct.kernel
-def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: ConstInt, D: ConstInt, ROPE: ConstBool):
-    """TILE_T tokens of one head (axis 1 of the grid: q heads, then k heads, then v heads)."""
+def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, TILE_T: ConstInt, D: ConstInt, HALF: ConstInt):
+    """TILE_T tokens of one head (axis 1 of the grid: q heads, then k heads, then v heads).
+    HALF: half the rotary channels (0: no RoPE); 2 * HALF a power of two rotates in registers
+    (rope.rotate_half_tile), any other even width gathers the partner channels."""
     inputs_ready()
     b = ct.bid(0) // ct.cdiv(QKV.shape[1], TILE_T)
     tt = ct.bid(0) % ct.cdiv(QKV.shape[1], TILE_T)
@@ -46,11 +51,16 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: Con
     t = tt * TILE_T + ct.arange(TILE_T, dtype=ct.int32)[:, None]
     c = ct.arange(D, dtype=ct.int32)[None, :]
     pos = ct.load(START, index=(0,), shape=()) + t          # cache slots
-    x = ct.reshape(ct.load(QKV, index=(b, tt, h, 0), shape=(1, TILE_T, 1, D), padding_mode=ct.PaddingMode.ZERO),
-                   (TILE_T, D))
-    if ROPE:
-        position = ct.maximum(pos - ct.load(KS, index=(b,), shape=()), 0)
-        x = ct.where(h < hq + hkv, rotate_half(QKV, x, b, t, h, c, COS, SIN, 0, position, half), x)
+    x = f32(ct.reshape(ct.load(QKV, index=(b, tt, h, 0), shape=(1, TILE_T, 1, D), padding_mode=ct.PaddingMode.ZERO),
+                       (TILE_T, D)))
+    if HALF > 0:
+        if h < hq + hkv:
+            position = ct.maximum(pos - ct.load(KS, index=(b,), shape=()), 0)
+            if ((2 * HALF) & (2 * HALF - 1)) == 0:
+                f = ct.arange(HALF, dtype=ct.int32)[None, :]
+                x = rotate_half_tile(x, ct.gather(COS, (0, position, f)), ct.gather(SIN, (0, position, f)), HALF)
+            else:
+                x = rotate_half(QKV, x, b, t, h, c, COS, SIN, 0, position, HALF)
     if h < hq:
         ct.store(Q, index=(b, h, tt, 0), tile=like(Q, ct.reshape(x, (1, 1, TILE_T, D))))
     else:
@@ -61,10 +71,11 @@ def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, half: int, TILE_T: Con
             ct.scatter(VC, (b, h - hq - hkv, pos, c), like(VC, x), mask=real)
 
 
-def check_fused_qkv(qkv, k_cache, v_cache, start, heads: int, kv_start, cos, sin, rotary_dim):
+def check_fused_qkv(qkv, k_cache, v_cache, start, heads: int, kv_start, cos, sin, rotary_dim,
+                    qkv_dtypes=np.float32):
     """Validate split_qkv's and decode_attention's common arguments; returns
     (kv_start, rotary_dim), the defaults filled in."""
-    check("qkv", qkv, ndim=3)
+    check("qkv", qkv, ndim=3, dtype=qkv_dtypes)
     check("k_cache", k_cache, ndim=4, dtype=KV_DTYPES)
     bsz, _, width = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
@@ -101,8 +112,9 @@ def rope_rows(cos, sin, start: int, t: int, kv_start: np.ndarray):
 
 def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rotary_dim: int | None = None,
               kv_start=None, q_dtype=np.float32):
-    """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), storing k and v
-    into k_cache, v_cache (B, Hkv, T_max, D) at slots start[0] .. start[0] + T - 1.
+    """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), float32 or
+    bfloat16, storing k and v into k_cache, v_cache (B, Hkv, T_max, D) at slots start[0] ..
+    start[0] + T - 1.
 
     heads: Hq; Hkv and D come from the cache. cos, sin: tables (P >= T_max, rotary_dim/2) by
     position, e.g. rope_cos_sin(arange(P)), rotating the first rotary_dim (default D) channels
@@ -113,7 +125,8 @@ def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rota
     bfloat16 products.
     """
     kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
-    kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
+    kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim,
+                                           KV_DTYPES)
     q_dtype = result_dtype(q_dtype, "q_dtype")
     bsz, t, _ = qkv.shape
     _, kv_heads, t_max, d = k_cache.shape
@@ -129,7 +142,8 @@ def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rota
     q = empty(xp, (bsz, heads, t, d), q_dtype)
     if q.size:
         rope = cos is not None
-        launch((bsz * -(-t // SPLIT_TILE_T), heads + 2 * kv_heads, 1), split_qkv_kernel,
+        tile_t = split_tile_t(d)
+        launch((bsz * -(-t // tile_t), heads + 2 * kv_heads, 1), split_qkv_kernel,
                (qkv.reshape(bsz, t, -1, d), k_cache, v_cache, q, start, kv_start, cos[None] if rope else qkv,
-                sin[None] if rope else qkv, rotary_dim // 2, SPLIT_TILE_T, d, rope))
+                sin[None] if rope else qkv, tile_t, d, rotary_dim // 2 if rope else 0))
     return q

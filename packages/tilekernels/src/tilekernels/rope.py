@@ -10,6 +10,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
+from .weights import f32
 
 ConstInt = ct.Constant[int]
 
@@ -44,8 +45,26 @@ def rotate_half(X, x, i0, i1, i2, c, COS, SIN, j0, j1, half):
     freq = ct.where(first, c, c - half)
     cos = ct.where(rotated, ct.gather(COS, (j0, j1, freq)), 1.0)
     sin = ct.where(rotated, ct.gather(SIN, (j0, j1, freq)), 0.0)
-    xr = ct.gather(X, (i0, i1, i2, partner))
+    xr = f32(ct.gather(X, (i0, i1, i2, partner)))
     return x * cos + ct.where(first, -1.0, 1.0) * xr * sin
+
+
+def rotate_half_tile(x, cos, sin, HALF: int):
+    """Tile helper: rotate_half on a whole (T, D) tile x in registers, cos and sin (T, HALF)
+    for its rows; 2 * HALF must be a power of two. The partner channels come from x itself
+    (halves extracted and joined), where gathering them from memory made split_qkv
+    gather-bound: GLM-ASR's encoder, 8 windows, 177 -> 102 us (H100)."""
+    t, d = x.shape[0], x.shape[1]
+    xr = x if 2 * HALF == d else ct.extract(x, (0, 0), shape=(t, 2 * HALF))
+    a = ct.extract(xr, (0, 0), shape=(t, HALF))
+    b = ct.extract(xr, (0, 1), shape=(t, HALF))
+    rotated = ct.cat((a * cos - b * sin, b * cos + a * sin), 1)
+    if 2 * HALF == d:
+        return rotated
+    wide = rotated
+    for _ in ct.static_iter(range((d // (2 * HALF)).bit_length() - 1)):      # repeat up to D channels
+        wide = ct.cat((wide, wide), 1)
+    return ct.where(ct.arange(d, dtype=ct.int32)[None, :] < 2 * HALF, wide, x)
 
 
 @ct.kernel
