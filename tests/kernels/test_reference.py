@@ -427,3 +427,21 @@ def test_lstm_refuses_bad_shapes(rng):
         tk.lstm(f32(rng, 2, 3, 128), f32(rng, 128, 16))
     with pytest.raises(ValueError, match=r"h0: expected shape \(3, 32\)"):
         tk.lstm(f32(rng, 2, 3, 128), f32(rng, 128, 32), f32(rng, 2, 32))
+
+
+def test_block_hands_attend_its_projection_in_qkv_dtype(rng):
+    """Block(x, attend, qkv_dtype): attend gets the fused projection rounded to that dtype (the
+    encoder's bfloat16 path), the rest of the layer as with float32."""
+    bf16 = tk.weights.BF16
+    c, heads, d = 8, 2, 4
+    lin = [(f32(rng, n, k) * 0.3, f32(rng, n)) for n, k in ((3 * c, c), (c, c), (16, c), (c, 16))]
+    block = tk.Block(tk.LayerNorm(None, None), lin[0], lin[1], tk.LayerNorm(None, None), lin[2], lin[3], "gelu")
+    x = f32(rng, 2, 3, c)
+    seen = {}
+
+    def attend(qkv):
+        seen[qkv.dtype] = qkv
+        return np.ascontiguousarray(qkv[..., :c].astype(np.float32).reshape(2, 3, heads, d).transpose(0, 2, 1, 3))
+    plain, narrow = block(x, attend), block(x, attend, qkv_dtype=bf16)
+    np.testing.assert_array_equal(seen[bf16], seen[np.dtype(np.float32)].astype(bf16))
+    assert rel_err(narrow, plain) < 1e-2
