@@ -594,16 +594,17 @@ def test_attention_left_padding(poisoned, rng, tq, tk_):
     assert rel_err(got, ref) <= TF32
 
 
-@pytest.mark.parametrize("case", ["down-32-rows", "down-1-row", "decode-float32-cache"])
+@pytest.mark.parametrize("case", ["down-64-rows", "down-32-rows", "down-1-row", "decode-float32-cache"])
 def test_merging_kernels_give_one_result_every_call(poisoned, rng, precision, case):
     """200 calls on the same inputs, one result: the split-K product (GLM-ASR's down projection,
-    bfloat16 weights, 8 K splits) and decode attention over a float32 cache (GLM-ASR's heads,
-    two chunks merged). Compiled by tileiras 13.4.92 both came out wrong and different on
-    nearly every call (H100: 996 and 999 of 1,000 at 'high'); by 13.5.37 exact every time."""
+    bfloat16 weights, 4 K splits; one block an SM up to 32 rows, two at 64) and decode attention
+    over a float32 cache (GLM-ASR's heads, two chunks merged). Compiled by tileiras 13.4.92 both
+    came out wrong and different on nearly every call (H100: 996 and 999 of 1,000 at 'high');
+    by 13.5.37 exact every time."""
     import cupy
 
     if case.startswith("down"):
-        m = 32 if case == "down-32-rows" else 1
+        m = int(case.split("-")[1])
         w, gw = bf16_pair(rng, 2048, 6144, scale=0.02)
         x, gx = pair(rng, m, 6144)
         ref = x.astype(np.float64) @ w.T.astype(np.float64)

@@ -16,8 +16,8 @@ Two kernels, by what the product is (linear_plan):
   skinny kernel, weights as the A operand of a TF32 mma (bfloat16 at 'medium' for bfloat16
   weights), 64 output columns (32 gated; twice that for wide bfloat16 weights) per block
   against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
-  merged) where N alone leaves the GPU short of weight loads in flight. A row's arithmetic is
-  the same in every bucket.
+  merged) where N alone leaves the GPU short of weight loads in flight, one block an SM while
+  they fit the SMs, two otherwise. A row's arithmetic is the same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
   order for L2 reuse, TF32 (or bfloat16 at 'medium'), split over K only for decode-shaped
   products with too few output tiles.
@@ -150,27 +150,24 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
 
 
 # ---------------------------------------------------------------- kernels
-def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
+def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
                  SCALE: bool, MMA: int):
-    """Fold K chunk k into the (TILE_N, TILE_M) accumulators; the norm's row sums s1, s2
-    (TILE_M, 1) are reduced chunk by chunk (an elementwise (TILE_M, TILE_K) pair would not fit
-    the registers at TILE_M = 128)."""
+    """Fold K chunk k into the (TILE_N, TILE_M) accumulators and the norm's sums e1, e2, kept
+    elementwise (TILE_M, TILE_K) and reduced once after the last chunk: a block reduction a
+    chunk (shuffles and barriers) held every chunk's mma back, GLM-ASR's gate/up at 1 / 64
+    rows 28.3 / 40.5 -> 21.7 / 27.1 us (H100, docs/performance.md)."""
     x = f32(ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO))
-    zero = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
-    x, t1, t2 = norm_input(x, x0, G, k, zero, zero, X.shape[1], TILE_K, NORM, SCALE)
-    if NORM != NO_NORM:
-        t1, t2 = sums2(t1, t2, axis=1)
-        s1, s2 = s1 + t1, s2 + t2
+    x, e1, e2 = norm_input(x, x0, G, k, e1, e2, X.shape[1], TILE_K, NORM, SCALE)
     xt = ct.transpose(x)
     if MMA == BF16_MMA:
         xt = ct.astype(xt, ct.bfloat16)
     acc = mma(operand(w, MMA), xt, acc, MMA)
     if GLU:
         acc2 = mma(operand(w2, MMA), xt, acc2, MMA)
-    return acc, acc2, s1, s2
+    return acc, acc2, e1, e2
 
 
-@ct.kernel(occupancy=2)    # two blocks an SM: the same arithmetic, 1.3-1.5x faster (docs/performance.md)
+@ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
 def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
                   RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLIT: ConstBool,
@@ -194,12 +191,16 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     x0 = first_column(X, bm, TILE_M, NORM)
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
     stats = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
-    acc, acc2, s1, s2 = skinny_chunk(X, G, bm, k0, w, w2, zero, zero, stats, stats, x0, TILE_M, TILE_K, GLU, NORM,
+    sums = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
+    acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k0, w, w2, zero, zero, sums, sums, x0, TILE_M, TILE_K, GLU, NORM,
                                      SCALE, MMA)
     for k in range(k0 + 1, k1):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, W_TMA)
-        acc, acc2, s1, s2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, s1, s2, x0, TILE_M, TILE_K, GLU, NORM,
+        acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M, TILE_K, GLU, NORM,
                                          SCALE, MMA)
+    s1, s2 = stats, stats
+    if NORM != NO_NORM:
+        s1, s2 = sums2(e1, e2, axis=1)
     done = True
     if SPLIT:
         ct.store(P, index=(split, bn, bm), tile=ct.reshape(acc, (1, TILE_N, TILE_M)), allow_tma=False)
@@ -314,41 +315,49 @@ SKINNY_N, SKINNY_GLU_N = 64, 32
 WIDE_N = 4096
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
 # K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
-# bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md)
+# bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md).
+# A narrow bfloat16 tile that is not gated takes 256 (32 KB, as a wide or gated one streams) unless a
+# LayerNorm's two elementwise sums ride along: GLM-ASR's o / down at 1 row 9.2 / 15.2 -> 8.1 / 13.8 us,
+# gpt2's fc2 9.0 -> 7.5, where gpt2's LayerNorm products ran 0.3-0.9 us slower
 SKINNY_K = {4: 64, 2: 128}
-SKINNY_SPLIT_K = 128                 # K ranges of the split skinny kernel are multiples of this
-MIN_SPLIT_UNITS = 4                  # ... and at least this many of them
+SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
+MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 REDUCE_TILE = 256
 
 
-def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4) -> tuple[int, int, int]:
+def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4, layer_norm: bool = False) -> tuple[int, int, int]:
     """(TILE_M, TILE_N, TILE_K) of the skinny kernel for m rows against a weight of n outputs
-    (a gated unit's: of each half) and `itemsize` bytes a value: the batch bucket's rows (16 or
-    32, an mma's width; 64 and 128 rows run as 2 and 4 blocks of 32) against the same TILE_N x
-    TILE_K weight tiles at every bucket, so a row's products and its norm's sums are added in
-    the same order whatever rows share its block."""
+    (a gated unit's: of each half) and `itemsize` bytes a value, a LayerNorm's sums in the
+    kernel or not: the batch bucket's rows (16 or 32, an mma's width; 64 and 128 rows run as 2
+    and 4 blocks of 32) against the same TILE_N x TILE_K weight tiles at every bucket, so a
+    row's products and its norm's sums are added in the same order whatever rows share its
+    block."""
     tile_n = (SKINNY_GLU_N if glu else SKINNY_N) * (2 if itemsize == 2 and n >= WIDE_N else 1)
-    return min(SKINNY_M, max(16, next_pow2(m))), tile_n, SKINNY_K[itemsize]
+    tile_k = SKINNY_K[itemsize]
+    if itemsize == 2 and tile_n == SKINNY_N and not glu and not layer_norm:
+        tile_k *= 2
+    return min(SKINNY_M, max(16, next_pow2(m))), tile_n, tile_k
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, sms: int = 132) -> tuple[int, int]:
     """(K tiles per split, splits) of the skinny kernel: K is cut only as far as every split keeps
-    MIN_SPLIT_UNITS x SKINNY_SPLIT_K of it and the blocks of one row block stay within two an SM
+    MIN_SPLIT_UNITS x SKINNY_SPLIT_K of it and the blocks of one row block fit the SMs, one each
     (a gated unit's block streams two weight tiles: it counts twice). A split's partial sums
-    cost a store, a count and a reload; fewer, longer blocks stream the weights as fast and the
-    GPU takes them in one wave: GLM-ASR's gate/up at 1 / 64 rows 32.2 / 56.5 -> 27.7 / 40.0 us,
-    gpt2's qkv 9.6 / 17.6 -> 5.4 / 8.6 (H100, docs/performance.md). K is cut at multiples of
-    SKINNY_SPLIT_K, so every batch bucket (whatever its tile_k) adds the same partial sums in the
-    same order: a row's result does not depend on the rows beside it."""
+    cost a store, a count and a reload; fewer, longer blocks stream the weights as fast, one an
+    SM: GLM-ASR's qkv in 2 splits rather than 4 and its down projection in 4 rather than 8, at
+    1 / 64 rows 12.5 / 25.5 -> 11.5 / 17.7 us and 13.8 / 26.0 -> 14.9 / 20.6 (H100,
+    docs/performance.md). K is cut at multiples of SKINNY_SPLIT_K, so every batch bucket adds
+    the same partial sums in the same order: a row's result does not depend on the rows beside
+    it."""
     k_units = -(-k // SKINNY_SPLIT_K)
     tiles = -(-n // tile_n) * (2 if glu else 1)
-    want = max(1, min(k_units // MIN_SPLIT_UNITS, 2 * sms // tiles))
+    want = max(1, min(k_units // MIN_SPLIT_UNITS, sms // tiles))
     per_units = -(-k_units // want)
     return per_units * (SKINNY_SPLIT_K // tile_k), -(-k_units // per_units)
 
 
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
-                sequence: bool = False, itemsize: int = 4):
+                sequence: bool = False, itemsize: int = 4, layer_norm: bool = False):
     """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
     ('tiles', tiles, K tiles per split, splits).
 
@@ -361,7 +370,7 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
     measured slower from half a wave up, tools/sweep_gemm.py at 4f7986f)."""
     if not sequence and m <= DECODE_ROWS:
-        return "skinny", skinny_tiles(m, n, glu, itemsize)
+        return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
     tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
@@ -373,6 +382,11 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
 # bfloat16 operands measured 500 TFLOP/s two blocks an SM against 373 one (H100, 12000 x 5120 x 1280,
 # 128 x 128 x 64 tiles; TF32 299 at one): the BF16 mode launches this copy of the kernel
 linear_kernel_occupancy2 = ct.kernel(linear_kernel._pyfunc, occupancy=2)
+# one block an SM while a skinny grid's blocks fit the SMs: its TMA pipeline gets the SM's shared
+# memory (GLM-ASR's qkv / o / down at 1 row 12.0 / 8.1 / 15.1 -> 11.5 / 7.8 / 14.9 us, at 32 rows
+# 17.1 / 10.3 / 18.6 -> 14.0 / 8.8 / 17.9, gpt2's qkv / fc1 at 32 rows 6.9 / 7.5 -> 5.9 / 6.5); two
+# where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 / 29.3)
+skinny_kernel_one_an_sm = ct.kernel(skinny_kernel._pyfunc)
 
 
 def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
@@ -387,7 +401,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
         return y.reshape(*x.shape[:-1], n)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
-    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize)
+    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
+                       isinstance(norm, LayerNorm))
     rms = isinstance(norm, RMSNorm)
     in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
@@ -412,7 +427,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             p2 = cupy.empty_like(p) if glu else p
             s_ = cupy.empty((split, 2, m_blocks * tm), dtype=cupy.float32)
             c = last_block_counters(n_blocks * m_blocks)
-        launch((m_blocks, n_blocks, split), skinny_kernel,
+        one_an_sm = m_blocks * n_blocks * split * (2 if glu else 1) <= sm_count()
+        launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
                (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split > 1,
                 True))
     else:
