@@ -110,7 +110,7 @@ def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
     ct.store(O, index=(b, mt, h, 0), tile=like(O, ct.reshape(acc * fast_div(1.0, l), (1, TILE_M, 1, D))))
 
 
-flash_kernel_occupancy2 = ct.kernel(flash_kernel._pyfunc, occupancy=2)
+flash_kernel_occupancy2 = flash_kernel.replace_hints(occupancy=2)
 
 
 def flash_plan(d: int, causal: bool, bf16: bool = False):

@@ -160,8 +160,8 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 # 1.7.0), so a float32 cache keeps one. Four at D = 64, whose tiles are half as large: gpt2's 12 heads
 # at batch 32 / 128 15.5 / 68.5 -> 11.8 / 58.2 us, the same bits (at D = 128 GLM-ASR's batch 1 ran
 # slower, 20.0 -> 22.5 us; H100, tileiras 13.5.37)
-decode_kernel_occupancy2 = ct.kernel(decode_kernel._pyfunc, occupancy=2)
-decode_kernel_occupancy4 = ct.kernel(decode_kernel._pyfunc, occupancy=4)
+decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
+decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
 
 def decode_kernel_for(itemsize: int, d: int):

@@ -381,12 +381,13 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
 
 # bfloat16 operands measured 500 TFLOP/s two blocks an SM against 373 one (H100, 12000 x 5120 x 1280,
 # 128 x 128 x 64 tiles; TF32 299 at one): the BF16 mode launches this copy of the kernel
-linear_kernel_occupancy2 = ct.kernel(linear_kernel._pyfunc, occupancy=2)
+linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
 # one block an SM while a skinny grid's blocks fit the SMs: its TMA pipeline gets the SM's shared
 # memory (GLM-ASR's qkv / o / down at 1 row 12.0 / 8.1 / 15.1 -> 11.5 / 7.8 / 14.9 us, at 32 rows
 # 17.1 / 10.3 / 18.6 -> 14.0 / 8.8 / 17.9, gpt2's qkv / fc1 at 32 rows 6.9 / 7.5 -> 5.9 / 6.5); two
-# where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 / 29.3)
-skinny_kernel_one_an_sm = ct.kernel(skinny_kernel._pyfunc)
+# where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 / 29.3).
+# Without a hint the compiler emits the same SASS as for occupancy=1 (sm_90, tileiras 13.5.37).
+skinny_kernel_one_an_sm = skinny_kernel.replace_hints(occupancy=None)
 
 
 def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
