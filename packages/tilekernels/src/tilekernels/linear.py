@@ -403,7 +403,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
     plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
-                       isinstance(norm, LayerNorm))
+                       isinstance(norm, LayerNorm) and not norm.affine)
     rms = isinstance(norm, RMSNorm)
     in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
     if norm is not None and not in_kernel:
