@@ -22,11 +22,12 @@ import math
 import cuda.tile as ct
 import numpy as np
 
-from ._arrays import backend, check, inputs_ready, last_block_counters, last_in_group, launch, reset_count
+from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, reset_count,
+                      sm_count)
 from .activations import fast_div
 from .precision import TF32, TF32X3, mma, mma_mode
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
-from .rope import rotate_half
+from .rope import rotate_half, rotate_half_tile
 from .weights import f32, like, narrow
 
 ConstInt = ct.Constant[int]
@@ -37,14 +38,19 @@ CHUNK_KEYS = 256        # cached keys a block folds in
 
 
 def tile_keys(d: int, itemsize: int, mode: int = TF32) -> int:
-    """Keys a tile: 16 KB of keys as stored (D = 128 tiles of 128 float32 keys spilled registers,
-    sm_90 SASS), but at most as many as float32 ones past D = 64: bfloat16 tiles of 64 keys at
-    D = 128 attended to wrong keys at batch 1 (H100, cuda.tile 1.7.0). 16 at 'highest' (TF32X3):
-    32-key tiles at D = 128 came out wrong every time there (relative error 0.2-0.7; 16 keys:
-    1e-6), and that precision is for checking, not for speed."""
+    """Keys a tile: 16 KB of keys as stored, at most 64 bfloat16 ones (GLM-ASR's D = 128 and
+    gpt2's D = 64 alike; D = 128 tiles of 128 float32 keys spilled registers, sm_90 SASS). 16 at
+    'highest' (TF32X3): 32-key tiles at D = 128 came out wrong every time there (relative
+    error 0.2-0.7; 16 keys: 1e-6), and that precision is for checking, not for speed. Against
+    32-key bfloat16 tiles at D = 128, 64 keys: GLM-ASR's heads (lengths 376-439) at batch 1 /
+    64 17.5 / 49.0 -> 13.1 / 45.7 us, gpt2's at batch 64 (128-key tiles) 18.1 -> 14.9 (H100,
+    tileiras 13.5.37; under cuda.tile 1.7.0's first compiler 64-key bfloat16 tiles at D = 128
+    attended to wrong keys)."""
     if mode == TF32X3:
         return 16
-    return max(16, 16384 // (d * (4 if d > 64 else itemsize)))
+    if itemsize == 2:
+        return max(16, min(64, 16384 // (d * 2)))
+    return max(16, 16384 // (d * 4))
 
 
 def group_rows(group: int) -> int:
@@ -53,13 +59,14 @@ def group_rows(group: int) -> int:
 
 
 @ct.kernel
-def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log2: float, half: int,
-                  tiles_per_chunk: int, D: ConstInt, TILE_G: ConstInt, TILE_N: ConstInt, MMA: ConstInt,
+def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log2: float, tiles_per_chunk: int,
+                  D: ConstInt, HALF: ConstInt, TILE_G: ConstInt, TILE_N: ConstInt, MMA: ConstInt,
                   NEW: ConstBool, ROPE: ConstBool, ROWS: ConstBool):
     """Query heads Q[b, kvh] (B, Hkv, G, D), padded to TILE_G rows, against chunk bid(1) of
     their KV head's cached keys: slots KS[b] .. KL[0] - 1. NEW: KL[0] is also the new token's
     slot; KN, VN (B, Hkv, 1, D) are its key and value from the fused projection (as Q is),
-    rotated with q (ROPE: tables COS, SIN (1, P, half) at position KL[0] - KS[b]), folded in
+    rotated with q (ROPE: tables COS, SIN (1, P, HALF) at position KL[0] - KS[b]; in registers
+    where 2 * HALF is a power of two, else the partner channels gathered), folded in
     by the last chunk, which stores them at slot KL[0] (rounded to bfloat16 first for a
     bfloat16 cache, and attended to as stored). O (B, Hkv, G, D); partial states PO (B, Hkv,
     chunks, TILE_G, D), PM, PL (B, Hkv, chunks, TILE_G) in log2 units, merged by the head's
@@ -86,9 +93,20 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
         c = ct.arange(D, dtype=ct.int32)[None, :]
         q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
                                allow_tma=False), (TILE_G, D))
+        # the new key and value (only the last chunk folds them in) load with q: one round trip
+        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
         position = max(tk - kstart, 0)
-        if ROPE:        # padding rows gather the group's last head: finite, never stored
-            q = rotate_half(Q, q, b, kvh, ct.minimum(rows, Q.shape[2] - 1), c, COS, SIN, 0, position, half)
+        if ROPE:
+            if ((2 * HALF) & (2 * HALF - 1)) == 0:      # padding rows of q are zeros, rotated to zeros
+                f = ct.arange(HALF, dtype=ct.int32)[None, :]
+                cos, sin = ct.gather(COS, (0, position, f)), ct.gather(SIN, (0, position, f))
+                q, kn = rotate_half_tile(q, cos, sin, HALF), rotate_half_tile(kn, cos, sin, HALF)
+            else:
+                q = rotate_half(Q, q, b, kvh, ct.minimum(rows, Q.shape[2] - 1), c, COS, SIN, 0, position, HALF)
+                kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, HALF)
+        if K.dtype == ct.uint16:        # a bfloat16 cache: attend to the new key as it is stored
+            kn, vn = f32(narrow(kn)), f32(narrow(vn))
         m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
         l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
         acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
@@ -113,12 +131,6 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
             m, l = m_new, l * alpha + ct.sum(p, axis=1, keepdims=True)
         if NEW:
             if chunk == last:
-                kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-                vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-                if ROPE:
-                    kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, half)
-                if K.dtype == ct.uint16:        # a bfloat16 cache: attend to the key as it is stored
-                    kn, vn = f32(narrow(kn)), f32(narrow(vn))
                 s = ct.sum(q * kn, axis=1, keepdims=True) * scale_log2
                 m_new = ct.maximum(m, s)
                 alpha = ct.exp2(m - m_new)
@@ -155,20 +167,24 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
                 reset_count(C, bh)
 
 
-# Two blocks an SM for a bfloat16 cache: 1.6-1.9x faster at batch 32-64 (docs/performance.md) and
-# exact; with a float32 cache at D = 128 the merged output came out wrong now and then (H100, cuda.tile
-# 1.7.0), so a float32 cache keeps one. Four at D = 64, whose tiles are half as large: gpt2's 12 heads
-# at batch 32 / 128 15.5 / 68.5 -> 11.8 / 58.2 us, the same bits (at D = 128 GLM-ASR's batch 1 ran
-# slower, 20.0 -> 22.5 us; H100, tileiras 13.5.37)
+# Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint: a row's
+# bits do not depend on its batch). A bfloat16 cache: one while each (sequence, KV head) pair's
+# blocks, two chunks a pair (a 30 s window's prompt spans two), fit the SMs one each, else two,
+# or four at D <= 64, whose tiles are half as large. GLM-ASR's heads (D = 128) at batch 1 / 8 / 64,
+# one / two / four an SM: 13.1 / 14.5 / 19.8, 13.3 / 15.3 / 25.5, 64.8 / 45.7 / 57.3 us; gpt2's
+# (D = 64) at batch 8 / 64, two / four: 5.5 / 7.5, 22.5 / 14.9 (H100, tileiras 13.5.37). A float32
+# cache keeps one: at two the merged output at D = 128 came out wrong now and then (cuda.tile
+# 1.7.0's first compiler).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
 
-def decode_kernel_for(itemsize: int, d: int):
-    """The decode kernel's copy for a cache of itemsize bytes a value and head dim d (blocks an SM)."""
-    if itemsize == 4:
+def decode_kernel_for(itemsize: int, d: int, pairs: int, sms: int):
+    """The decode kernel's copy (blocks an SM) for a cache of itemsize bytes a value, head dim d,
+    `pairs` (sequence, KV head) pairs in the grid and sms multiprocessors."""
+    if itemsize == 4 or 2 * pairs <= sms:
         return decode_kernel
-    return decode_kernel_occupancy4 if d <= 64 else decode_kernel_occupancy2
+    return decode_kernel_occupancy4 if d <= 64 and pairs > sms else decode_kernel_occupancy2
 
 
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
@@ -193,8 +209,8 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
     counters = last_block_counters(bsz * hkv)
     kn, vn = new if new is not None else (q, q)
     cos, sin, half = rope if rope is not None else (q, q, 0)
-    launch((bsz * hkv, chunks, 1), decode_kernel_for(k.dtype.itemsize, d),
-           (q, k, v, kn, vn, out, po, pm, pl, counters, kv_start, kv_len, cos, sin, scale_log2, half, per, d, tile_g,
+    launch((bsz * hkv, chunks, 1), decode_kernel_for(k.dtype.itemsize, d, bsz * hkv, sm_count()),
+           (q, k, v, kn, vn, out, po, pm, pl, counters, kv_start, kv_len, cos, sin, scale_log2, per, d, half, tile_g,
             tile_n, mode, new is not None, rope is not None, rows))
     return out.reshape(bsz, hkv * group, 1, d)
 
