@@ -207,3 +207,23 @@ def test_a_flow_yields_to_waiting_requests_in_groups_or_after_a_while(ckpt):
         engine.step()
     for r in late:
         assert r.out.tokens == run(Engine(model, 1), [(r.prompt, 40)])[0]
+
+
+def test_a_row_that_ends_does_not_end_the_flow_while_requests_wait(ckpt):
+    """17 rows at max_batch 17 and a request waiting: the first row to finish frees a slot, and the
+    flow goes on (one joinable request is less than an eighth of 16 running rows, and no slot has
+    waited ADMIT_WAIT_S yet) rather than restarting for it; it joins later, with its own tokens."""
+    model = GPT.load(ckpt)
+    engine = Engine(model, 17)
+    rows = [Request([i + 1, 2, 3], 4 if i == 0 else 50) for i in range(17)]
+    waiting = Request([9, 8, 7], 20)
+    for r in rows + [waiting]:
+        engine.add(r)
+    while not rows[0].finished:
+        engine.step()
+    flow = engine.flow
+    engine.step()
+    assert list(engine.scheduler.waiting) == [waiting] and engine.flow is flow is not None
+    while engine.busy:
+        engine.step()
+    assert waiting.out.tokens == run(Engine(model, 1), [(waiting.prompt, 20)])[0]

@@ -159,13 +159,12 @@ class Engine:
 
     def _start_flow(self) -> None:
         """Decode the running rows as far as the furthest one needs (a row past its end computes
-        steps that are ignored), within every row's slot, and only until the first row to end by
-        length does while requests wait for a slot."""
+        steps that are ignored), within every row's slot. Waiting requests end it by the rule of
+        _admit_now, not at the first row to finish: a flow cut at each end admitted one request
+        at a time (gpt2's mixed load ran slower than static batches, 24,740 against 27,860 tok/s)."""
         running = self.scheduler.running
         room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)
         steps = min(max(r.remaining for r in running.values()), room)
-        if self.scheduler.waiting:
-            steps = min(steps, min(r.remaining for r in running.values()))
         self.flow_rows, self.flow_left, self.flow_on, self.held_since = dict(running), steps, True, None
         self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on)
 
