@@ -154,9 +154,9 @@ def specializations():
             for rows in (False, True) if new else (False,):     # rows: the engine's slots, lengths (B,) int64
                 lengths = arr(1, dtype=ct.int64) if rows else iarr(1)
                 itemsize = 2 if kv == ct.uint16 else 4
-                # one block an SM (a few sequences) and the copy for full grids (64 sequences)
+                # one block an SM (a few sequences), the copy for full grids (64 sequences of 12 KV heads)
                 kernels = list(dict.fromkeys(decode_attn.decode_kernel_for(itemsize, d, pairs, 132)
-                                             for pairs in (4, 64 * 4)))
+                                             for pairs in (4, 64 * 12)))
                 halves = ((d // 2, 24) if rows else (d // 2,)) if rope_on else (0,)   # 24: gathered partners
                 for i, (kernel, half) in enumerate((k, h) for k in kernels for h in halves):
                     out.append((f"decode-{d}-new{new}-rope{rope_on}-{kv}-rows{rows}-{i}", kernel,

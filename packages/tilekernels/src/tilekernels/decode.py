@@ -170,11 +170,11 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 # Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint: a row's
 # bits do not depend on its batch). A bfloat16 cache: one while each (sequence, KV head) pair's
 # blocks, two chunks a pair (a 30 s window's prompt spans two), fit the SMs one each, else two,
-# or four at D <= 64, whose tiles are half as large. GLM-ASR's heads (D = 128) at batch 1 / 8 / 64,
-# one / two / four an SM: 13.1 / 14.5 / 19.8, 13.3 / 15.3 / 25.5, 64.8 / 45.7 / 57.3 us; gpt2's
-# (D = 64) at batch 8 / 64, two / four: 5.5 / 7.5, 22.5 / 14.9 (H100, tileiras 13.5.37). A float32
-# cache keeps one: at two the merged output at D = 128 came out wrong now and then (cuda.tile
-# 1.7.0's first compiler).
+# or four at D <= 64 (tiles half as large) past two pairs an SM. GLM-ASR's heads (D = 128) at
+# batch 1 / 8 / 64, one / two / four an SM: 13.1 / 14.5 / 19.8, 13.3 / 15.3 / 25.5, 64.8 / 45.7 /
+# 57.3 us; gpt2's (D = 64) at batch 8 / 16 / 32 / 64, two / four: 5.6 / 7.8, 6.7 / 7.9, 11.9 / 8.4,
+# 22.3 / 15.6 (H100, tileiras 13.5.37). A float32 cache keeps one: at two the merged output at
+# D = 128 came out wrong now and then (cuda.tile 1.7.0's first compiler).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
@@ -184,7 +184,7 @@ def decode_kernel_for(itemsize: int, d: int, pairs: int, sms: int):
     `pairs` (sequence, KV head) pairs in the grid and sms multiprocessors."""
     if itemsize == 4 or 2 * pairs <= sms:
         return decode_kernel
-    return decode_kernel_occupancy4 if d <= 64 and pairs > sms else decode_kernel_occupancy2
+    return decode_kernel_occupancy4 if d <= 64 and pairs > 2 * sms else decode_kernel_occupancy2
 
 
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
