@@ -402,10 +402,11 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
         return y.reshape(*x.shape[:-1], n)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
-    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
-                       isinstance(norm, LayerNorm) and not norm.affine)
     rms = isinstance(norm, RMSNorm)
-    in_kernel = norm is not None and (rms or not norm.affine) and plan[0] != "tiles"
+    foldable = norm is not None and (rms or not norm.affine)      # the skinny kernel can apply it
+    plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
+                       foldable and not rms)
+    in_kernel = foldable and plan[0] != "tiles"
     if norm is not None and not in_kernel:
         x2 = norm(x2, out_dtype=BF16 if mode == BF16_MMA else np.float32)
     elif mode == BF16_MMA and plan[0] == "tiles":     # the skinny kernel rounds x as it loads it
