@@ -80,6 +80,7 @@ def test_same_stem_from_two_folders(tiny, audio_dir, tmp_path):
     ("abc", "max_new_tokens must be an integer"),
     ("2.7", "max_new_tokens must be an integer"),
     ("100000000", "exceeds the model's"),          # the tiny decoder's max_position_embeddings
+    ("1000", "exceeds the engine's 1024 positions a slot"),     # pipeline.SLOT_POSITIONS
 ])
 def test_bad_max_new_tokens_one_line(tiny, audio_dir, value, message):
     r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", f"max_new_tokens={value}", "device=cpu")

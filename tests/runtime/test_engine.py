@@ -44,6 +44,12 @@ def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):
     assert not wide.busy and sorted(wide.runner.slots.free) == list(range(64))
 
 
+def test_capacity_is_at_most_the_models_positions(ckpt):
+    model = GPT.load(ckpt)
+    assert Engine(model, 1).capacity == Engine(model, 1, capacity=4096).capacity == 128
+    assert Engine(model, 1, capacity=50).capacity == 50
+
+
 def test_sampled_rows_draw_from_their_own_seeds(ckpt):
     rng = np.random.default_rng(1)
     model = GPT.load(ckpt)

@@ -55,7 +55,7 @@ def check_length(model, longest: int, max_new_tokens: int) -> None:
 class Engine:
     """engine.add(request) any time; engine.step() until not engine.busy. max_batch: the most
     requests decoding at once; capacity: the KV cache's positions a slot (memory: max_batch x
-    capacity x the model's keys and values a position); kv_dtype: the cache's, float32 or
+    capacity x the model's keys and values a position; at most the model's positions); kv_dtype: the cache's, float32 or
     bfloat16 (half the bytes a decode step reads); None: the precision's (precision.kv_dtype)."""
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
@@ -63,7 +63,7 @@ class Engine:
         if not 1 <= max_batch <= BUCKETS[-1]:     # past the last bucket a step's products would change kernel
             raise ValueError(f"max_batch must be 1 to {BUCKETS[-1]}, got {max_batch}")
         self.model, self.max_batch = model, max_batch
-        self.capacity = capacity or min(CAPACITY, model.max_positions)
+        self.capacity = min(capacity or CAPACITY, model.max_positions)
         kv_dtype = precision.kv_dtype(model.xp) if kv_dtype is None else kv_dtype
         self.stream = device_stream(model.xp)      # all of the engine's GPU work, in order
         with self.stream:
