@@ -20,8 +20,8 @@ Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like
   either way), interleaved, medians of 3: the VAD's share.
 - long: one file of --long-minutes, wall time (median of 3) and the GPU memory pool's peak.
 - latency: one 30 s clip alone, median of 5.
-- decoder step: the engine's decode step at batch 1 and 64 (64 prompts of a window's length,
-  1 then 1 + 64 new tokens each; the difference over 64 steps).
+- decoder step: the pipeline engine's decode step at batch 1 and 64 (prompts of a window's length
+  joining in one prefill, 1 then 1 + 64 new tokens each; the difference over 64 steps).
 - transformers 5 eager generate() at batch 1, 8 and 32 (bf16, and fp32 with TF32), the same
   windows, features from its WhisperFeatureExtractor.
 
@@ -78,22 +78,30 @@ def transcribe(asr, audios: list, vad=None, new: int = NEW) -> tuple[float, int]
 
 
 def decoder_step_ms(asr, batch: int) -> float:
-    """ms of one engine decode step at `batch` rows of a 30 s window's prompt length."""
-    from tilekernels.runtime import Engine, generate
+    """ms of one decode step of the pipeline's engine at `batch` rows of a 30 s window's prompt
+    length (the rows join in one prefill, as a batch of windows does)."""
+    from tilekernels.runtime import generate
 
     m = asr.model
     ids = glm_prompt_ids(m.config, 375)
     x = m.prompt_embeds(ids, cupy.zeros((375, m.config.decoder.hidden_size), cupy.float32))
-    engine = Engine(m, batch)
 
     def run(new: int) -> float:
-        generate(engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)     # warm: compiles, captures
+        generate(asr.engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)     # warm: compiles, captures
         sync()
         t = time.perf_counter()
-        generate(engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)
+        generate(asr.engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)
         sync()
         return time.perf_counter() - t
     return (run(1 + NEW) - run(1)) / NEW * 1e3
+
+
+def timed(*args, **kw) -> tuple[float, dict, int]:
+    """PASSES runs of transcribe(*args, **kw): the median wall, the row's wall_s and walls_s, and
+    the windows of a run."""
+    runs = [transcribe(*args, **kw) for _ in range(PASSES)]
+    wall = statistics.median(w for w, _ in runs)
+    return wall, {"wall_s": round(wall, 3), "walls_s": [round(w, 3) for w, _ in runs]}, runs[0][1]
 
 
 def hf_bulk(hf, fe, audios: list, batch: int) -> float:
@@ -232,19 +240,15 @@ def main():
             asr = Transcriber.load(Path(tmp), "gpu")
             transcribe(asr, audios[:8])                     # compiles, captures the small buckets
             cold, _ = transcribe(asr, audios)
-            walls = [transcribe(asr, audios) for _ in range(PASSES)]
-            assert all(n == args.files for _, n in walls)
-            wall = statistics.median(w for w, _ in walls)
+            wall, walls, n = timed(asr, audios)
+            assert n == args.files
             row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
-                new_tokens=NEW, vad="none", wall_s=round(wall, 3), walls_s=[round(w, 3) for w, _ in walls],
-                first_pass_s=round(cold, 3), realtime_factor=round(seconds / wall, 1))
+                new_tokens=NEW, vad="none", **walls, first_pass_s=round(cold, 3), realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
                 transcribe(asr, audios, new=2 * NEW)           # the longer decode: its graphs
-                walls = [transcribe(asr, audios, new=2 * NEW)[0] for _ in range(PASSES)]
-                wall2 = statistics.median(walls)
+                wall, walls, _ = timed(asr, audios, new=2 * NEW)
                 row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
-                    new_tokens=2 * NEW, vad="none", wall_s=round(wall2, 3), walls_s=[round(w, 3) for w in walls],
-                    realtime_factor=round(seconds / wall2, 1))
+                    new_tokens=2 * NEW, vad="none", **walls, realtime_factor=round(seconds / wall, 1))
                 lat = []
                 for _ in range(6):
                     lat.append(transcribe(asr, audios[:1])[0] * 1e3)
@@ -257,12 +261,10 @@ def main():
                     pool = cupy.get_default_memory_pool()
                     long = np.tile(np.concatenate(audios[:8]), int(np.ceil(args.long_minutes / 4)))
                     long = long[:int(args.long_minutes * 60 * 16000)]
-                    runs = [transcribe(asr, [long]) for _ in range(PASSES)]
-                    wall_l, n_l = statistics.median(w for w, _ in runs), runs[0][1]
+                    wall, walls, n = timed(asr, [long])
                     row(**OURS, precision=precision, work=f"one {args.long_minutes:g}-minute file",
-                        batch=asr.engine.max_batch, new_tokens=NEW, vad="none", wall_s=round(wall_l, 3),
-                        walls_s=[round(w, 3) for w, _ in runs], windows=n_l, realtime_factor=round(len(long) / 16000 / wall_l, 1),
-                        gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
+                        batch=asr.engine.max_batch, new_tokens=NEW, vad="none", **walls, windows=n,
+                        realtime_factor=round(len(long) / 16000 / wall, 1), gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
                 first = asr                 # the VAD rows run last (below), on this one
             del asr
             cupy.get_default_memory_pool().free_all_blocks()

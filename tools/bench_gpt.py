@@ -11,7 +11,7 @@ Engine(max_batch=B) (at precision bf16 with a bfloat16 KV cache) against transfo
 generate() (sdpa attention) in fp32 with TF32 and in bf16. Mixed load: 256 requests of 16-512
 prompt tokens and 16-256 new tokens (seeded), all queued at once on one engine of max_batch 64 (continuous batching: a finished row's slot goes to
 the next request the same step) against the same requests in static batches of 64 (each batch
-decodes until its longest row is done); useful tokens/s.
+decodes until its longest row is done); useful tokens/s (the median of 3 runs after a warm one).
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def main():
                 for name, fn in (("continuous batching, max_batch 64", continuous), ("static batches of 64", static)):
                     row(system="tile-inference", model="gpt2", precision=precision, kv_cache=kv,
                         work="256 mixed requests", batch=name, new_tokens="16-256",
-                        tokens_per_s=round(useful / wall(fn, 1), 1))
+                        tokens_per_s=round(useful / wall(fn), 1))
                 del engine
             del model
             cupy.get_default_memory_pool().free_all_blocks()

@@ -1,6 +1,6 @@
 """Where GLM-ASR's audio encoder and prompt prefill spend their time (GPU host).
 
-    python tools/profile_prefill.py [--windows 1] [--prompt 450] [--weights bf16|fp32] [--out DIR]
+    python tools/profile_prefill.py [--windows 1] [--prompt 450] [--weights bf16|fp32] [--precision bf16] [--out DIR]
 
 Full size, random weights (benchlib.random_glm_asr). Each stage, after a warm-up call: its wall time run eagerly (each
 kernel launched from Python) and replayed from a CUDA graph (as transcription runs the encoder
@@ -18,6 +18,7 @@ import cupy
 import tilekernels as tk
 from benchlib import gpu_name, rand, random_glm_asr, versions, write_result
 from tilekernels.runtime import ShapeGraphs
+from tilekernels.runtime.precision import DEFAULT, PRECISIONS, kv_dtype, set_precision
 
 
 def wall_ms(fn) -> float:
@@ -54,14 +55,17 @@ def main():
     ap.add_argument("--prompt", type=int, default=450, help="prompt tokens of the prefill")
     ap.add_argument("--weights", choices=("bf16", "fp32"), default="bf16",
                     help="matrices of bfloat16 values stored as such (the hub checkpoint's), or float32 ones")
+    ap.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT,
+                    help="the precision the products run at (the KV cache's dtype follows)")
     ap.add_argument("--out")
     args = ap.parse_args()
+    set_precision(args.precision)
     model = random_glm_asr(encoder=True, weights=args.weights)
     e, d = model.config.encoder, model.config.decoder
     feats = rand(args.windows, e.num_mel_bins, 3000) * 50
     states = model.audio_tower_eager(feats)
     x = rand(1, args.prompt, d.hidden_size)
-    cache = model.new_cache(1, args.prompt)
+    cache = model.new_cache(1, args.prompt, kv_dtype(cupy))
     step = ShapeGraphs(lambda x: model.step(x, cache))
 
     def prefill_eager():
@@ -74,7 +78,7 @@ def main():
         return step(x)
 
     result = {"gpu": gpu_name(), "versions": versions(), "model": "glm-asr, random weights", "windows": args.windows,
-              "prompt": args.prompt, "weights": args.weights,
+              "prompt": args.prompt, "weights": args.weights, "precision": args.precision,
               "encoder": stage(lambda: model.audio_tower_eager(feats), lambda: model.audio_tower(feats)),
               "projector": stage(lambda: model.project(states), lambda: model.project(states)),
               "prefill": stage(prefill_eager, prefill_graph)}
