@@ -243,7 +243,8 @@ def main():
             wall, walls, n = timed(asr, audios)
             assert n == args.files
             row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
-                new_tokens=NEW, vad="none", **walls, first_pass_s=round(cold, 3), realtime_factor=round(seconds / wall, 1))
+                new_tokens=NEW, vad="none", **walls, first_pass_s=round(cold, 3),
+                realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
                 transcribe(asr, audios, new=2 * NEW)           # the longer decode: its graphs
                 wall, walls, _ = timed(asr, audios, new=2 * NEW)
@@ -264,7 +265,8 @@ def main():
                     wall, walls, n = timed(asr, [long])
                     row(**OURS, precision=precision, work=f"one {args.long_minutes:g}-minute file",
                         batch=asr.engine.max_batch, new_tokens=NEW, vad="none", **walls, windows=n,
-                        realtime_factor=round(len(long) / 16000 / wall, 1), gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
+                        realtime_factor=round(len(long) / 16000 / wall, 1),
+                        gpu_pool_peak_gb=round(pool.total_bytes() / 1e9, 2))
                 first = asr                 # the VAD rows run last (below), on this one
             del asr
             cupy.get_default_memory_pool().free_all_blocks()

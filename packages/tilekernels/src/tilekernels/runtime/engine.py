@@ -54,9 +54,10 @@ def check_length(model, longest: int, max_new_tokens: int) -> None:
 
 class Engine:
     """engine.add(request) any time; engine.step() until not engine.busy. max_batch: the most
-    requests decoding at once; capacity: the KV cache's positions a slot (memory: max_batch x
-    capacity x the model's keys and values a position; at most the model's positions); kv_dtype: the cache's, float32 or
-    bfloat16 (half the bytes a decode step reads); None: the precision's (precision.kv_dtype)."""
+    requests decoding at once; capacity: the KV cache's positions a slot, at most the model's
+    (memory: max_batch x capacity x the model's keys and values a position); kv_dtype: the
+    cache's, float32 or bfloat16 (half the bytes a decode step reads); None: the precision's
+    (precision.kv_dtype)."""
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
                  prefill_tokens: int = PREFILL_TOKENS, kv_dtype=None):
