@@ -159,8 +159,9 @@ def rand(*shape):
 def random_glm_asr(encoder: bool = False, weights: str = "bf16"):
     """GLM-ASR-Nano at full size with weights drawn on the GPU, stored as GlmAsr.to leaves
     them: the text decoder's matrices of bfloat16 values in bfloat16 (weights='bf16', the hub
-    checkpoint's dtype) or float32 ones ('fp32'), RMSNorms with their weight, the encoder in
-    float32 with its LayerNorms folded; the audio encoder and projector only when asked."""
+    checkpoint's dtype) or float32 ones ('fp32'), RMSNorms with their weight, the encoder's and
+    projector's matrices so too at precision bf16 (else float32), its LayerNorms folded; the audio
+    encoder and projector only when asked."""
     import cupy
     from transformers import GlmAsrConfig
 
@@ -188,7 +189,7 @@ def random_glm_asr(encoder: bool = False, weights: str = "bf16"):
         ln = tk.LayerNorm(None, None)
 
         def lin_(n_out, n_in):
-            return rand(n_out, n_in), rand(n_out)
+            return (mat if tk.get_matmul_precision() == "medium" else rand)(n_out, n_in), rand(n_out)
         w["encoder"] = [tk.Block(ln, lin_((e.num_heads + 2 * e.num_kv_heads) * e.head_dim, c),
                                  lin_(c, e.num_heads * e.head_dim), ln, lin_(inner, c), lin_(c, inner), e.activation)
                         for _ in range(e.num_layers)]

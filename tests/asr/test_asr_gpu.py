@@ -45,6 +45,8 @@ def test_graph_replays_match_eager_calls(tiny, poisoned, rng):
     for n_windows in (1, 2, 1):
         feats = cupy.asarray(rng.standard_normal((n_windows, cfg.encoder.num_mel_bins, 3000)).astype(np.float32))
         np.testing.assert_array_equal(gpu.audio_tower(feats).get(), gpu.audio_tower_eager(feats).get())
+        # the encoder and the projector in one graph, as the pipeline encodes
+        np.testing.assert_array_equal(gpu.encode(feats).get(), gpu.project(gpu.audio_tower_eager(feats)).get())
     cache = gpu.new_cache(1, 16)
     prefill = graphed(cupy, lambda x: gpu.step(x, cache))        # as the runner replays a prompt
     for n_audio in (5, 9, 5):

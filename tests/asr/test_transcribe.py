@@ -143,9 +143,9 @@ def test_warm_up_leaves_the_transcriber_as_new(tiny, audio_dir):
 
 def test_windows_read_while_the_gpu_encodes_join_one_prefill(tiny):
     """While the GPU still runs an encoder pass (Transcriber._encoding; simulated on the CPU: busy
-    for a second after each pass returns, as a queued GPU pass would be), the engine is not
-    stepped and a part group waits, so the windows join one prefill; the transcripts are a plain
-    run's."""
+    for a second after each pass returns, as a queued GPU pass would be), a part group waits and
+    the engine is stepped only once every input is read, so the windows join one prefill; the
+    transcripts are a plain run's."""
     import time
 
     rng = np.random.default_rng(3)
@@ -166,5 +166,24 @@ def test_windows_read_while_the_gpu_encodes_join_one_prefill(tiny):
     asr.engine.runner.prefill = lambda reqs: (prefills.append(len(reqs)), prefill(reqs))[1]
     asr.engine.step = lambda: (stepped_busy.append(busy()), step())[1]
     got = run(asr)
-    assert prefills == [6] and stepped_busy and not any(stepped_busy)
+    assert prefills == [6] and stepped_busy
     assert got == run(Transcriber.load(tiny, "cpu", max_batch=16, encoder_batch=4))
+
+
+def test_the_last_input_read_is_prefilled_behind_its_encoder_pass(tiny):
+    """Once every input is read no window can join the batch: the engine is stepped (its prefill
+    queued behind the encoder pass on the GPU) without waiting for the pass to finish, a clip's
+    latency ~1.2 ms shorter on an H100."""
+    import time
+
+    asr = Transcriber.load(tiny, "cpu", max_batch=16, encoder_batch=4)
+    last, stepped_busy = [-1e9], []
+    encode, step = asr._encode, asr.engine.step
+    asr._encoding = lambda: time.monotonic() - last[0] < 30.0
+    asr._encode = lambda *args: (encode(*args), last.__setitem__(0, time.monotonic()))[0]
+    asr.engine.step = lambda: (stepped_busy.append(asr._encoding()), step())[1]
+    audio = (0.1 * np.random.default_rng(4).standard_normal(32000)).astype(np.float32)
+    t = time.monotonic()
+    got = list(asr.transcribe_many([("clip", lambda: audio)], "Please transcribe this audio into text", 3))
+    assert len(got) == 1 and not isinstance(got[0][1], Exception)
+    assert stepped_busy and stepped_busy[0] and time.monotonic() - t < 20.0

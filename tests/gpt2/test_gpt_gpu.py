@@ -73,7 +73,7 @@ def test_graph_replay_equals_plain_forward(tmp_path, poisoned):
 
 
 def test_greedy_chain_on_the_device_equals_stepwise_argmax(tmp_path, poisoned):
-    """Two chained replays of CHAIN steps, then single steps (19 = 2 x 8 + 3)."""
+    """Two single steps, two chained replays of CHAIN steps, then one single step (19 = 2 + 2 x 8 + 1)."""
     with cupy.cuda.Stream(non_blocking=True):
         model, plain, graphed, logits, decode = twin_caches(tmp_path, 32)
         first = logits.get().argmax(-1)

@@ -233,3 +233,16 @@ def test_a_row_that_ends_does_not_end_the_flow_while_requests_wait(ckpt):
     while engine.busy:
         engine.step()
     assert waiting.out.tokens == run(Engine(model, 1), [(waiting.prompt, 20)])[0]
+
+
+def test_replays_start_with_two_single_steps_then_chains():
+    """A flow's first replays are single steps (cheap to launch, so the GPU starts at once), an even
+    number of them so each chain starts from the first input buffer; every step is replayed once."""
+    from tilekernels.runtime.graphs import CHAIN, chunk_sizes
+
+    for steps in range(0, 5 * CHAIN):
+        sizes = chunk_sizes(steps)
+        assert sum(sizes) == steps and set(sizes) <= {1, CHAIN}
+        if steps >= CHAIN + 2:
+            assert sizes[:2] == [1, 1] and sizes.index(CHAIN) == 2
+    assert chunk_sizes(63) == [1, 1] + [CHAIN] * 7 + [1] * 5

