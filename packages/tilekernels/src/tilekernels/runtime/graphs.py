@@ -182,6 +182,7 @@ class DecodeGraph:
         for n in chunk_sizes(steps):
             replays.append(self.chains[chains % 2] if n == CHAIN else self.single[singles % 2])
             chains, singles = chains + (n == CHAIN), singles + (n == 1)
+
         def collect(launched):
             replay, ready = launched
             ready.synchronize()
