@@ -158,12 +158,13 @@ def specializations():
                 kernels = list(dict.fromkeys(decode_attn.decode_kernel_for(itemsize, d, pairs, 132)
                                              for pairs in (4, 64 * 12)))
                 halves = ((d // 2, 24) if rows else (d // 2,)) if rope_on else (0,)   # 24: gathered partners
-                for i, (kernel, half) in enumerate((k, h) for k in kernels for h in halves):
+                modes = (0, 2) if itemsize == 2 else (0,)     # a bfloat16 cache at 'medium': bfloat16 products
+                for i, (kernel, half, mode) in enumerate((k, h, m) for k in kernels for h in halves for m in modes):
                     out.append((f"decode-{d}-new{new}-rope{rope_on}-{kv}-rows{rows}-{i}", kernel,
                                 [arr(4, False), arr(4, False, kv), arr(4, False, kv), arr(4, False), arr(4, False),
                                  arr(4), arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32,
                                  d, half, decode_attn.group_rows(4 if d == 128 else 1),
-                                 decode_attn.tile_keys(d, itemsize), 0, new, rope_on, rows]))
+                                 decode_attn.tile_keys(d, itemsize, mode), mode, new, rope_on, rows]))
     tm, tn, kernel = attention.flash_plan(64, False, bf16=True)      # GLM-ASR's encoder at precision bf16
     out.append(("flash-64-bf16", kernel, [arr(4, dtype=W16), arr(4, False, W16), arr(4, False, W16), arr(4, dtype=W16),
                                           iarr(1), F32, I32, 64, tm, tn, False, 2]))

@@ -431,7 +431,8 @@ def test_lstm_refuses_bad_shapes(rng):
 
 def test_block_hands_attend_its_projection_in_qkv_dtype(rng):
     """Block(x, attend, qkv_dtype): attend gets the fused projection rounded to that dtype (the
-    encoder's bfloat16 path), the rest of the layer as with float32."""
+    encoder's bfloat16 path), the rest of the layer as with float32; and the dtype its o
+    projection takes (float32 weights: float32)."""
     bf16 = tk.weights.BF16
     c, heads, d = 8, 2, 4
     lin = [(f32(rng, n, k) * 0.3, f32(rng, n)) for n, k in ((3 * c, c), (c, c), (16, c), (c, 16))]
@@ -439,7 +440,8 @@ def test_block_hands_attend_its_projection_in_qkv_dtype(rng):
     x = f32(rng, 2, 3, c)
     seen = {}
 
-    def attend(qkv):
+    def attend(qkv, out_dtype):
+        assert out_dtype == np.float32
         seen[qkv.dtype] = qkv
         return np.ascontiguousarray(qkv[..., :c].astype(np.float32).reshape(2, 3, heads, d).transpose(0, 2, 1, 3))
     plain, narrow = block(x, attend), block(x, attend, qkv_dtype=bf16)

@@ -139,8 +139,8 @@ class GlmAsr:
         k = empty(xp, (b, e.num_kv_heads, t, e.head_dim), dtype)
         v = empty(xp, k.shape, dtype)
 
-        def attend(qkv):        # bidirectional within the window; k, v: (B, H, T, D) scratch
-            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim, q_dtype=dtype)
+        def attend(qkv, out_dtype):    # bidirectional within the window; k, v: (B, H, T, D) scratch
+            q = tk.split_qkv(qkv, k, v, start, e.num_heads, cos, sin, e.rotary_dim, q_dtype=out_dtype)
             return tk.attention(q, k, v, causal=False)
 
         for block in w["encoder"]:

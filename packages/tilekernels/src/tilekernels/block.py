@@ -34,11 +34,13 @@ class Block:
     activation: str
 
     def __call__(self, x, attend: Callable, qkv_dtype=np.float32):
-        """The layer on x (B, T, C); attend(qkv) -> (B, H, T, D) is the attention of the new
-        tokens given their fused projection (writing a cache, rotating, masking as it needs),
-        which it takes in qkv_dtype (bfloat16 for attention that multiplies in bfloat16)."""
+        """The layer on x (B, T, C); attend(qkv, out_dtype) -> (B, H, T, D) is the attention of
+        the new tokens given their fused projection (writing a cache, rotating, masking as it
+        needs), which it takes in qkv_dtype (bfloat16 for attention that multiplies in bfloat16)
+        and returns in float32 or out_dtype, the dtype the o projection takes (bfloat16 at
+        precision 'medium')."""
         b, t, _ = x.shape
-        y = attend(linear(x, *self.qkv, norm=self.norm1, out_dtype=qkv_dtype))
+        y = attend(linear(x, *self.qkv, norm=self.norm1, out_dtype=qkv_dtype), out_dtype=input_dtype(self.o[0]))
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
         x = linear(y, *self.o, residual=x)
         h = linear(x, *self.fc1, activation=self.activation, norm=self.norm2,

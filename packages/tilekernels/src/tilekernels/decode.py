@@ -13,7 +13,9 @@ every run.
 
 decode_attention feeds it straight from the new token's fused QKV projection: RoPE on q and
 the new key, the new key and value stored at their slot and folded in from registers, in the
-same launch (a decode step has no split_qkv kernel). Keys and values may be bfloat16.
+same launch (a decode step has no split_qkv kernel). Keys and values may be bfloat16; at
+precision 'medium' such a cache's products take q and the probabilities in bfloat16 (as
+flash attention does) and the result may be stored in bfloat16 for the o projection.
 """
 from __future__ import annotations
 
@@ -25,10 +27,10 @@ import numpy as np
 from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, reset_count,
                       sm_count)
 from .activations import fast_div
-from .precision import TF32, TF32X3, mma, mma_mode
+from .precision import BF16 as BF16_MMA, TF32, TF32X3, mma, mma_mode, operand
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
 from .rope import rotate_half, rotate_half_tile
-from .weights import f32, like, narrow
+from .weights import empty, f32, like, narrow, result_dtype
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -45,9 +47,15 @@ def tile_keys(d: int, itemsize: int, mode: int = TF32) -> int:
     32-key bfloat16 tiles at D = 128, 64 keys: GLM-ASR's heads (lengths 376-439) at batch 1 /
     64 17.5 / 49.0 -> 13.1 / 45.7 us, gpt2's at batch 64 (128-key tiles) 18.1 -> 14.9 (H100,
     tileiras 13.5.37; under cuda.tile 1.7.0's first compiler 64-key bfloat16 tiles at D = 128
-    attended to wrong keys)."""
+    attended to wrong keys). BF16 mode (a bfloat16 cache at 'medium': q and the probabilities
+    rounded to bfloat16, no tile widened): square tiles up to 32 KB, GLM-ASR's 128 keys at
+    batch 1 / 64 / 128 11.8 / 47.1 / 88.9 -> 8.7 / 38.5 / 71.7 us (64 keys: 10.3 / 38.8 / 73.7),
+    gpt2's 64 at batch 1 / 32 / 64 5.5 / 19.8 / 28.6 -> 5.4 / 16.0 / 22.5 (128 keys: 4.7 / 17.7 /
+    27.4; H100, against TF32 and 64 keys)."""
     if mode == TF32X3:
         return 16
+    if mode == BF16_MMA:
+        return max(16, min(d, 32768 // (d * 2)))
     if itemsize == 2:
         return max(16, min(64, 16384 // (d * 2)))
     return max(16, 16384 // (d * 4))
@@ -112,22 +120,29 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
         acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
         cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
         keys = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+        qm = q
+        if MMA == BF16_MMA:     # q as the product takes it (the new key's score below too)
+            qm = ct.astype(q, ct.bfloat16)
+            q = f32(qm)
         for j in range(max(chunk * tiles_per_chunk, kstart // TILE_N), min((chunk + 1) * tiles_per_chunk,
                                                                           ct.cdiv(tk, TILE_N))):
-            k = ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
-                        padding_mode=ct.PaddingMode.ZERO)
-            s = mma(q, f32(ct.reshape(k, (D, TILE_N))), ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32),
-                    MMA) * scale_log2
-            s = ct.where((j * TILE_N + cols < tk) & (j * TILE_N + cols >= kstart), s, NEG_INF)
-            v = f32(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
-                                       padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)))
-            # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
-            v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v, 0.0)
+            k = operand(ct.reshape(ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                                           padding_mode=ct.PaddingMode.ZERO), (D, TILE_N)), MMA)
+            v = operand(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
+                                           padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)), MMA)
+            s = mma(qm, k, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA) * scale_log2
+            # masks on every tile in TF32 mode (only past the row's ends: GLM-ASR at batch 64 47.1 ->
+            # 50.4 us there), on the tiles past the row's ends in BF16 mode (measured so)
+            if MMA != BF16_MMA or ((j + 1) * TILE_N > tk) | (j * TILE_N < kstart):
+                s = ct.where((j * TILE_N + cols < tk) & (j * TILE_N + cols >= kstart), s, NEG_INF)
+                # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
+                v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v,
+                             ct.full((TILE_N, D), 0.0, dtype=v.dtype))
             m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
             m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
             p = ct.exp2(s - m_safe)
             alpha = ct.exp2(m - m_safe)
-            acc = mma(p, v, acc * alpha, MMA)
+            acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
             m, l = m_new, l * alpha + ct.sum(p, axis=1, keepdims=True)
         if NEW:
             if chunk == last:
@@ -139,7 +154,7 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
                 ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(like(K, kn), (1, 1, 1, D)), allow_tma=False)
                 ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(like(V, vn), (1, 1, 1, D)), allow_tma=False)
         if first == last:
-            ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, 1, TILE_G, D)),
+            ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(like(O, acc * fast_div(1.0, l)), (1, 1, TILE_G, D)),
                      allow_tma=False)
         else:
             ct.store(PO, index=(b, kvh, chunk, 0, 0), tile=ct.reshape(acc, (1, 1, 1, TILE_G, D)), allow_tma=False)
@@ -162,8 +177,8 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
                     m_new = ct.maximum(m, ms)
                     a, w = ct.exp2(m - m_new), ct.exp2(ms - m_new)
                     m, l, acc = m_new, l * a + ls * w, acc * a + os * w
-                ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(acc * fast_div(1.0, l), (1, 1, TILE_G, D)),
-                         allow_tma=False)
+                ct.store(O, index=(b, kvh, 0, 0), tile=ct.reshape(like(O, acc * fast_div(1.0, l)),
+                                                                  (1, 1, TILE_G, D)), allow_tma=False)
                 reset_count(C, bh)
 
 
@@ -187,22 +202,24 @@ def decode_kernel_for(itemsize: int, d: int, pairs: int, sms: int):
     return decode_kernel_occupancy4 if d <= 64 and pairs > 2 * sms else decode_kernel_occupancy2
 
 
-def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False):
+def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False,
+                out_dtype=np.float32):
     """Decode attention (B, Hq, 1, D) for queries q, a (B, Hkv, G, D) view of the group's
     heads; k, v the cache (B, Hkv, T_max, D). new: the new token's (k, v), (B, Hkv, 1, D) views,
     stored at slot kv_len[0] and attended to after the kv_len[0] cached keys (rows: kv_len[b],
     each row's own length, keys from slot 0). rope (with new): (cos, sin, half), tables
-    (1, P, half) rotating q and the new key."""
+    (1, P, half) rotating q and the new key. The result in out_dtype: float32, or bfloat16 for a
+    product that rounds its input so."""
     import cupy
 
     bsz, hkv, group, d = q.shape
     t_max = k.shape[2]
-    mode = mma_mode()
+    mode = mma_mode(k.dtype)
     tile_n = tile_keys(d, k.dtype.itemsize, mode)
     per = max(1, CHUNK_KEYS // tile_n)
     chunks = -(-t_max // (tile_n * per))
     tile_g = group_rows(group)
-    out = cupy.empty((bsz, hkv, group, d), dtype=cupy.float32)
+    out = empty(cupy, (bsz, hkv, group, d), out_dtype)
     po = cupy.empty((bsz, hkv, chunks, tile_g, d), dtype=cupy.float32)     # partial states (unused at 1 chunk)
     pm = cupy.empty((bsz, hkv, chunks, tile_g), dtype=cupy.float32)
     pl = cupy.empty_like(pm)
@@ -216,7 +233,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
 
 
 def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | None = None, kv_start=None,
-                     cos=None, sin=None, rotary_dim: int | None = None, lengths=None):
+                     cos=None, sin=None, rotary_dim: int | None = None, lengths=None, out_dtype=np.float32):
     """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused
     projection qkv (B, 1, (Hq + 2 Hkv) D): what split_qkv then attention compute, in one
     kernel.
@@ -228,7 +245,8 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     rope_cos_sin(arange(P)); the token of sequence b sits at position start[0] - kv_start[b].
     lengths (B,) int64 instead: each row's own length, its keys at slots 0 .. lengths[b] - 1 and
     its token at slot and position lengths[b] (start and kv_start unused): the engine's slots.
-    D must be a power of two up to 256 on the GPU.
+    D must be a power of two up to 256 on the GPU. out_dtype: float32, or bfloat16 (the o
+    projection's input at precision 'medium', which rounds it so anyway).
     """
     from .attention import attention_reference
 
@@ -241,16 +259,19 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if lengths is not None:
         check("lengths", lengths, shape=(bsz,), dtype=np.int64)
+    out_dtype = result_dtype(out_dtype)
     if kind == "numpy" and lengths is not None:
         return np.concatenate([decode_attention(qkv[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
-                                                np.array([n], np.int32), heads, scale, None, cos, sin, rotary_dim)
+                                                np.array([n], np.int32), heads, scale, None, cos, sin, rotary_dim,
+                                                out_dtype=out_dtype)
                                for b, n in enumerate(np.asarray(lengths))])
     if kind == "numpy":
         s = int(start[0])
         if not 0 <= s < t_max:
             raise ValueError(f"start: slot {s} is outside a cache of {t_max}")
         q = split_qkv_reference(qkv, k_cache, v_cache, s, heads, *rope_rows(cos, sin, s, 1, kv_start), rotary_dim)
-        return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale, kv_start)
+        return attention_reference(q, k_cache[:, :, :s + 1], v_cache[:, :, :s + 1], True, scale,
+                                   kv_start).astype(out_dtype)
     if d & (d - 1) or d > 256:
         raise ValueError(f"k_cache: head dim must be a power of two up to 256 on the GPU, got {d}")
     x = qkv.reshape(bsz, heads + 2 * hkv, d)
@@ -259,4 +280,4 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     rope = (cos[None], sin[None], rotary_dim // 2) if cos is not None else None
     rows = lengths is not None
     return decode_cupy(q, k_cache, v_cache, kv_start, lengths if rows else start, float(scale) * LOG2E, new=new,
-                       rope=rope, rows=rows)
+                       rope=rope, rows=rows, out_dtype=out_dtype)

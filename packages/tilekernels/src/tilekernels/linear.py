@@ -35,7 +35,7 @@ from ._reduce import sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode, operand
-from .weights import BF16, WEIGHT_DTYPES, empty, f32, like, result_dtype, to_bf16, widen
+from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, result_dtype, to_bf16, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -156,11 +156,14 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K:
     elementwise (TILE_M, TILE_K) and reduced once after the last chunk: a block reduction a
     chunk (shuffles and barriers) held every chunk's mma back, GLM-ASR's gate/up at 1 / 64
     rows 28.3 / 40.5 -> 21.7 / 27.1 us (H100, docs/performance.md)."""
-    x = f32(ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO))
-    x, e1, e2 = norm_input(x, x0, G, k, e1, e2, X.shape[1], TILE_K, NORM, SCALE)
-    xt = ct.transpose(x)
-    if MMA == BF16_MMA:
-        xt = ct.astype(xt, ct.bfloat16)
+    x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
+    if MMA == BF16_MMA and NORM == NO_NORM and X.dtype == ct.uint16:
+        xt = ct.transpose(bf16(x))      # bfloat16 as stored: the operand, never widened
+    else:
+        x, e1, e2 = norm_input(f32(x), x0, G, k, e1, e2, X.shape[1], TILE_K, NORM, SCALE)
+        xt = ct.transpose(x)
+        if MMA == BF16_MMA:
+            xt = ct.astype(xt, ct.bfloat16)
     acc = mma(operand(w, MMA), xt, acc, MMA)
     if GLU:
         acc2 = mma(operand(w2, MMA), xt, acc2, MMA)

@@ -60,18 +60,20 @@ class KVCache:
         else:
             self.span[...] = span
 
-    def attend(self, layer: int, qkv, heads: int, scale: float):
+    def attend(self, layer: int, qkv, heads: int, scale: float, out_dtype=np.float32):
         """Causal attention (B, Hq, T, D) of the new tokens over everything cached so far, from
         their fused projection qkv (B, T, (Hq + 2 Hkv) D): their k, v go into `layer` at the
         announced span first (rotated by RoPE when the cache has tables, and q with them).
         A decode step (T = 1) is one kernel at any batch (tk.decode_attention: the same
         arithmetic for a sequence whatever decodes beside it), its slot and length on the device
-        (graph replay); a prompt is split_qkv then flash attention."""
+        (graph replay); a prompt is split_qkv then flash attention. out_dtype: what the o
+        projection takes (bfloat16 at precision 'medium'), for a decode step (a prompt's is
+        float32)."""
         t = qkv.shape[1]
         cos, sin = self.rope or (None, None)
         if t == 1:
             return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
-                                       self.kv_start, cos, sin, lengths=self.lengths)
+                                       self.kv_start, cos, sin, lengths=self.lengths, out_dtype=out_dtype)
         q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start)
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)
