@@ -360,7 +360,7 @@ def test_batched_decode_attention(poisoned, rng, bsz, hq, hkv, d, kv):
 
 @pytest.mark.parametrize("hq,hkv,d", [(16, 4, 128), (12, 12, 64)])
 @pytest.mark.parametrize("kv", ["float32", "bfloat16"])
-@pytest.mark.parametrize("precision", ["high", "highest", "medium"])
+@pytest.mark.parametrize("precision", ["high", "highest", "medium"], indirect=True)
 def test_decode_attention_over_slots_of_their_own_lengths(poisoned, rng, kv, precision, hq, hkv, d):
     """The engine's slots (lengths (B,)): row b attends to its keys 0 .. lengths[b] - 1 and its new
     token, stored at lengths[b] and rotated at that position; NaN past a row's keys never reaches
@@ -368,14 +368,6 @@ def test_decode_attention_over_slots_of_their_own_lengths(poisoned, rng, kv, pre
     fp32-accurate (GLM-ASR's greedy tokens against transformers' rest on it; 32-key tiles at
     D = 128 once gave errors of 0.2-0.7 there); at 'medium' a bfloat16 cache's products take q and
     the probabilities rounded to bfloat16, within bfloat16's error."""
-    tk.set_matmul_precision(precision)
-    try:
-        _slots_of_their_own_lengths(rng, kv, precision, hq, hkv, d)
-    finally:
-        tk.set_matmul_precision("high")
-
-
-def _slots_of_their_own_lengths(rng, kv, precision, hq, hkv, d):
     import cupy
 
     t_max = 800
