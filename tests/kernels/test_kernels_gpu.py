@@ -311,6 +311,29 @@ def test_bfloat16_outputs_round_the_float32_result(poisoned, rng, medium, act, g
         assert cupy.array_equal(got.view(cupy.uint16), want.view(cupy.uint16))
 
 
+@pytest.mark.parametrize("precision", ["high", "medium"], indirect=True)
+@pytest.mark.parametrize("k,n,act,res", [(1280, 1280, None, True), (1280, 5120, "gelu", False),
+                                         (2048, 2 * 6144, "swiglu", False), (1281, 769, None, False)])
+def test_sequence_rows_do_not_depend_on_the_other_rows(poisoned, rng, precision, k, n, act, res):
+    """A sequence product's rows are the same bits in half-row tiles (a window's encoder, a
+    prompt: few rows) as in full ones (many rows): a prompt's logits do not depend on the
+    prompts joining its prefill."""
+    import cupy
+
+    from tilekernels.linear import linear_plan
+
+    gx, gw = pair(rng, 1, 12000, k)[1], bf16_pair(rng, n, k, scale=0.05)[1]
+    n_out = n // 2 if act == "swiglu" else n
+    gr = pair(rng, 1, 12000, n_out)[1] if res else None
+    medium = precision == "medium"
+    assert [linear_plan(m, n_out, k, act == "swiglu", bf16_mma=medium, sequence=True)[1][0] for m in (12000, 7)] \
+        == [128, 64]
+    full = tk.linear(gx, gw, activation=act, residual=gr)
+    for m in (2, 7, 400, 1500):         # one row is a decode product (the skinny kernel)
+        got = tk.linear(gx[:, :m].copy(), gw, activation=act, residual=None if gr is None else gr[:, :m].copy())
+        assert cupy.array_equal(got, full[:, :m]), m
+
+
 def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
     """A row's result is bit for bit the same in every decode bucket from 2 to 128 rows: the
     skinny kernel adds the same split-K partial sums in the same order whatever its tile of

@@ -316,6 +316,7 @@ BF16_GLU_LARGE_M = (128, 64, 64)
 # and down (2,048) projections ran slower (H100, tileiras 13.5.37, bfloat16 MMA)
 SKINNY_N, SKINNY_GLU_N = 64, 32
 WIDE_N = 4096
+HALF_M, HALF_M_COST = 64, 0.6   # half_rows_finish_sooner
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
 # K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
 # bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md).
@@ -359,6 +360,16 @@ def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, s
     return per_units * (SKINNY_SPLIT_K // tile_k), -(-k_units // per_units)
 
 
+def half_rows_finish_sooner(m: int, n_tiles: int, slots: int) -> bool:
+    """Whether HALF_M-row tiles end a sequence product of m rows and n_tiles column tiles in less
+    time than full ones on `slots` resident blocks, counting rounds of the slots and a half tile
+    as HALF_M_COST of a full one: a 30 s window's encoder (1,500 rows) and prompt (~400) leave
+    most slots idle in 128-row tiles. A row's result is the same in either (the same K chunks
+    added in the same order), so a prompt's does not depend on the prompts beside it."""
+    full, half = -(-m // LARGE_M[0]) * n_tiles, -(-m // HALF_M) * n_tiles
+    return -(-half // slots) * HALF_M_COST < -(-full // slots)
+
+
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
                 sequence: bool = False, itemsize: int = 4, layer_norm: bool = False):
     """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
@@ -375,6 +386,9 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
     tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
+    if sequence and half_rows_finish_sooner(m, -(-n // tn), sms * (2 if bf16_mma else 1)):
+        tm = HALF_M
+        tiles = (tm, tn, tk)
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
     split = 1 if glu or sequence or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
