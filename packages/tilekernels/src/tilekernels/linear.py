@@ -316,7 +316,8 @@ BF16_GLU_LARGE_M = (128, 64, 64)
 # and down (2,048) projections ran slower (H100, tileiras 13.5.37, bfloat16 MMA)
 SKINNY_N, SKINNY_GLU_N = 64, 32
 WIDE_N = 4096
-HALF_M, HALF_M_COST = 64, 0.6   # half_rows_finish_sooner
+# half_rows_finish_sooner: the cost of a half tile is an estimate (half the work, less reuse), not a fit
+HALF_M, HALF_M_COST = 64, 0.6
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
 # K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
 # bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md).
@@ -385,15 +386,14 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     measured slower from half a wave up, tools/sweep_gemm.py at 4f7986f)."""
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
-    tm, tn, tk = tiles = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
+    tm, tn, tk = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
     if sequence and half_rows_finish_sooner(m, -(-n // tn), sms * (2 if bf16_mma else 1)):
         tm = HALF_M
-        tiles = (tm, tn, tk)
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
     split = 1 if glu or sequence or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
-    return "tiles", tiles, per, -(-k_tiles // per)
+    return "tiles", (tm, tn, tk), per, -(-k_tiles // per)
 
 
 # bfloat16 operands measured 500 TFLOP/s two blocks an SM against 373 one (H100, 12000 x 5120 x 1280,
