@@ -228,12 +228,12 @@ def test_skinny_splits_cut_k_the_same_way_at_every_batch(shape, itemsize):
 
 def test_skinny_splits_of_the_models():
     """What the sweep chose (docs/performance.md): gpt2's K = 768 products and GLM-ASR's gated
-    unit and head take no split; GLM-ASR's o and down projections 4, its qkv 2, gpt2's fc2 6."""
+    unit, qkv and head take no split; GLM-ASR's o and down projections 4, gpt2's fc2 6."""
     def splits(name):
         n, k, glu = DECODE_SHAPES[name]
         _, tile_n, tile_k = linear.skinny_tiles(1, n, glu, 2)
         return linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)[1]
 
     assert {name: splits(name) for name in DECODE_SHAPES} == {
-        "glm qkv": 2, "glm o": 4, "glm gate/up": 1, "glm down": 4, "glm head": 1,
+        "glm qkv": 1, "glm o": 4, "glm gate/up": 1, "glm down": 4, "glm head": 1,
         "gpt2 qkv": 1, "gpt2 o": 1, "gpt2 fc1": 1, "gpt2 fc2": 6, "gpt2 head": 1}

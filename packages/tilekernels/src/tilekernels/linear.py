@@ -327,6 +327,7 @@ SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; ti
 SKINNY_K = {4: 64, 2: 128}
 SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
+SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
 REDUCE_TILE = 256
 
 
@@ -345,17 +346,19 @@ def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4, layer_norm: bool 
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, sms: int = 132) -> tuple[int, int]:
-    """(K tiles per split, splits) of the skinny kernel: K is cut only as far as every split keeps
-    MIN_SPLIT_UNITS x SKINNY_SPLIT_K of it and the blocks of one row block fit the SMs, one each
-    (a gated unit's block streams two weight tiles: it counts twice). A split's partial sums
-    cost a store, a count and a reload; fewer, longer blocks stream the weights as fast, one an
-    SM: GLM-ASR's qkv in 2 splits rather than 4 and its down projection in 4 rather than 8, at
-    1 / 64 rows 12.5 / 25.5 -> 11.5 / 17.7 us and 13.8 / 26.0 -> 14.9 / 20.6 (H100,
-    docs/performance.md). K is cut at multiples of SKINNY_SPLIT_K, so every batch bucket adds
-    the same partial sums in the same order: a row's result does not depend on the rows beside
-    it."""
+    """(K tiles per split, splits) of the skinny kernel: K is cut only where the output tiles
+    cover under SPLIT_BELOW of the SMs (a gated unit's block streams two weight tiles: it counts
+    twice), and only as far as every split keeps MIN_SPLIT_UNITS x SKINNY_SPLIT_K of it and the
+    blocks of one row block fit the SMs, one each. A split's partial sums cost a store, a count
+    and a reload: GLM-ASR's qkv (48 tiles) in 2 splits rather than 4 at 1 / 64 rows 12.5 / 25.5
+    -> 11.5 / 17.7 us; in one rather than 2 the step at 1 / 64 rows 1.95 / 3.15 -> 1.99 / 2.97 ms
+    (H100, graphs); its o and down projections (32 tiles) stay in 4. K is cut at multiples
+    of SKINNY_SPLIT_K, so every batch bucket adds the same partial sums in the same order: a
+    row's result does not depend on the rows beside it."""
     k_units = -(-k // SKINNY_SPLIT_K)
     tiles = -(-n // tile_n) * (2 if glu else 1)
+    if tiles >= SPLIT_BELOW * sms:
+        return k_units * (SKINNY_SPLIT_K // tile_k), 1
     want = max(1, min(k_units // MIN_SPLIT_UNITS, sms // tiles))
     per_units = -(-k_units // want)
     return per_units * (SKINNY_SPLIT_K // tile_k), -(-k_units // per_units)
@@ -401,8 +404,10 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
 linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
 # one block an SM while a skinny grid's blocks fit the SMs: its TMA pipeline gets the SM's shared
 # memory (GLM-ASR's qkv / o / down at 1 row 12.0 / 8.1 / 15.1 -> 11.5 / 7.8 / 14.9 us, at 32 rows
-# 17.1 / 10.3 / 18.6 -> 14.0 / 8.8 / 17.9, gpt2's qkv / fc1 at 32 rows 6.9 / 7.5 -> 5.9 / 6.5); two
-# where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 / 29.3).
+# 17.1 / 10.3 / 18.6 -> 14.0 / 8.8 / 17.9, gpt2's qkv / fc1 at 32 rows 6.9 / 7.5 -> 5.9 / 6.5;
+# GLM-ASR's gate/up, 96 blocks of two weight tiles, at 1 row 22.2 -> 20.8 us, the step 2.05 -> 1.99
+# ms); two where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 /
+# 29.3).
 # Without a hint the compiler emits the same SASS as for occupancy=1 (sm_90, tileiras 13.5.37).
 skinny_kernel_one_an_sm = skinny_kernel.replace_hints(occupancy=None)
 
@@ -446,7 +451,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             p2 = cupy.empty_like(p) if glu else p
             s_ = cupy.empty((split, 2, m_blocks * tm), dtype=cupy.float32)
             c = last_block_counters(n_blocks * m_blocks)
-        one_an_sm = m_blocks * n_blocks * split * (2 if glu else 1) <= sm_count()
+        one_an_sm = m_blocks * n_blocks * split <= sm_count()
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
                (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split > 1,
                 True))
