@@ -357,9 +357,7 @@ def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, s
     row's result does not depend on the rows beside it."""
     k_units = -(-k // SKINNY_SPLIT_K)
     tiles = -(-n // tile_n) * (2 if glu else 1)
-    if tiles >= SPLIT_BELOW * sms:
-        return k_units * (SKINNY_SPLIT_K // tile_k), 1
-    want = max(1, min(k_units // MIN_SPLIT_UNITS, sms // tiles))
+    want = 1 if tiles >= SPLIT_BELOW * sms else max(1, min(k_units // MIN_SPLIT_UNITS, sms // tiles))
     per_units = -(-k_units // want)
     return per_units * (SKINNY_SPLIT_K // tile_k), -(-k_units // per_units)
 
