@@ -165,7 +165,7 @@ def specializations():
                     out.append((f"decode-{d}-new{new}-rope{rope_on}-{kv}-rows{rows}-{i}", kernel,
                                 [arr(4, False), arr(4, False, kv), arr(4, False, kv), arr(4, False), arr(4, False),
                                  arr(4), arr(5), arr(4), arr(4), iarr(1), iarr(1), lengths, arr(3), arr(3), F32, I32,
-                                 d, half, decode_attn.group_rows(4 if d == 128 else 1),
+                                 I32, d, half, decode_attn.group_rows(4 if d == 128 else 1),
                                  decode_attn.tile_keys(d, itemsize, mode), mode, new, rope_on, rows]))
     tm, tn, kernel = attention.flash_plan(64, False, bf16=True)      # GLM-ASR's encoder at precision bf16
     out.append(("flash-64-bf16", kernel, [arr(4, dtype=W16), arr(4, False, W16), arr(4, False, W16), arr(4, dtype=W16),

@@ -1,10 +1,15 @@
 """Each cuTile kernel against the float64 computation, on fresh random inputs, with every
 cupy allocation poisoned to NaN first so an unwritten output element fails the check."""
+from importlib import import_module
+
 import numpy as np
 import pytest
 from numerics import rel_err
 
 import tilekernels as tk
+from tilekernels._arrays import sm_count
+
+decode_attn = import_module("tilekernels.decode")      # the op shadows its module's name on the package
 
 pytestmark = pytest.mark.gpu
 FP32, TF32 = 1e-5, 1e-3
@@ -435,6 +440,10 @@ def test_decode_attention_over_slots_of_their_own_lengths(poisoned, rng, kv, pre
     for rows in ([3], [6, 3, 0], [5, 4]):
         part, _, _ = run(rows)
         assert cupy.array_equal(part, got[rows]), rows
+    many = list(range(bsz)) * 5         # 40 rows: the pairs fill the SMs, a block folds several chunks
+    assert decode_attn.chunks_a_block(len(many) * hkv, sm_count()) > decode_attn.chunks_a_block(bsz * hkv, sm_count())
+    part, _, _ = run(many)
+    assert cupy.array_equal(part, got[many])
 
 
 def test_decode_attention_with_a_bfloat16_cache(poisoned, rng):
