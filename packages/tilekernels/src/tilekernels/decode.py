@@ -42,18 +42,11 @@ CHUNK_KEYS = 256        # cached keys a block folds in
 
 
 def tile_keys(d: int, itemsize: int, mode: int = TF32) -> int:
-    """Keys a tile: 16 KB of keys as stored, at most 64 bfloat16 ones (GLM-ASR's D = 128 and
-    gpt2's D = 64 alike; D = 128 tiles of 128 float32 keys spilled registers, sm_90 SASS). 16 at
-    'highest' (TF32X3): 32-key tiles at D = 128 came out wrong every time there (relative
-    error 0.2-0.7; 16 keys: 1e-6), and that precision is for checking, not for speed. Against
-    32-key bfloat16 tiles at D = 128, 64 keys: GLM-ASR's heads (lengths 376-439) at batch 1 /
-    64 17.5 / 49.0 -> 13.1 / 45.7 us, gpt2's at batch 64 (128-key tiles) 18.1 -> 14.9 (H100,
-    tileiras 13.5.37; under cuda.tile 1.7.0's first compiler 64-key bfloat16 tiles at D = 128
-    attended to wrong keys). BF16 mode (a bfloat16 cache at 'medium': q and the probabilities
-    rounded to bfloat16, no tile widened): square tiles up to 32 KB, GLM-ASR's 128 keys at
-    batch 1 / 64 / 128 11.8 / 47.1 / 88.9 -> 8.7 / 38.5 / 71.7 us (64 keys: 10.3 / 38.8 / 73.7),
-    gpt2's 64 at batch 1 / 32 / 64 5.5 / 19.8 / 28.6 -> 5.4 / 16.0 / 22.5 (128 keys: 4.7 / 17.7 /
-    27.4; H100, against TF32 and 64 keys)."""
+    """Keys a tile: 16 KB of keys as stored, at most 64 bfloat16 ones (D = 128 tiles of 128
+    float32 keys spilled registers). 16 at 'highest' (TF32X3): 32-key tiles at D = 128 came out
+    wrong there (relative error 0.2-0.7; 16 keys: 1e-6). BF16 mode (a bfloat16 cache at
+    'medium'): square tiles up to 32 KB, GLM-ASR's 128 keys at batch 1 / 64 11.8 / 47.1 -> 8.7 /
+    38.5 us, gpt2's 64 at batch 64 28.6 -> 22.5 (H100; docs/performance.md)."""
     if mode == TF32X3:
         return 16
     if mode == BF16_MMA:
@@ -233,14 +226,11 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
                 reset_count(C, bh)
 
 
-# Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint: a row's
-# bits do not depend on its batch). A bfloat16 cache: one while each (sequence, KV head) pair's
-# blocks, two chunks a pair (a 30 s window's prompt spans two), fit the SMs one each, else two,
-# or four at D <= 64 (tiles half as large) past two pairs an SM. GLM-ASR's heads (D = 128) at
-# batch 1 / 8 / 64, one / two / four an SM: 13.1 / 14.5 / 19.8, 13.3 / 15.3 / 25.5, 64.8 / 45.7 /
-# 57.3 us; gpt2's (D = 64) at batch 8 / 16 / 32 / 64, two / four: 5.6 / 7.8, 6.7 / 7.9, 11.9 / 8.4,
-# 22.3 / 15.6 (H100, tileiras 13.5.37). A float32 cache keeps one: at two the merged output at
-# D = 128 came out wrong now and then (cuda.tile 1.7.0's first compiler).
+# Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint). A
+# bfloat16 cache: one while each pair's blocks, two chunks a pair, fit the SMs one each, else
+# two, or four at D <= 64 past two pairs an SM (GLM-ASR at batch 64, one / two / four: 64.8 /
+# 45.7 / 57.3 us; H100). A float32 cache keeps one (at two the merged output at D = 128 came out
+# wrong now and then under cuda.tile 1.7.0's first compiler).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
