@@ -122,12 +122,11 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     Chunks fold with the merge's arithmetic in one order, pairs (2i, 2i + 1) first, then pair
     after pair, so one block a chunk (the head's last block merges the others' partial states)
     and one block a pair of chunks (chunks_per_block 2, for full grids) give the same bits,
-    from the same code. NEW: KL[0] is
-    also the new token's slot; KN, VN (B, Hkv, 1, D) are its key and value from the fused
-    projection (as Q is), rotated with q (ROPE: tables COS, SIN (1, P, HALF) at position
-    KL[0] - KS[b]; in registers where 2 * HALF is a power of two, else the partner channels
-    gathered), folded into the last chunk, whose block stores them at slot KL[0] (rounded to
-    bfloat16 first for a bfloat16 cache, and attended to as stored). O (B, Hkv, G, D); partial
+    from the same code. NEW: KL[0] is also the new token's slot; KN, VN (B, Hkv, 1, D) are its
+    key and value from the fused projection (as Q is), rotated with q (ROPE: tables COS, SIN
+    (1, P, HALF) at position KL[0] - KS[b]; in registers where 2 * HALF is a power of two, else
+    the partner channels gathered), folded into the last chunk, whose block stores them at slot
+    KL[0] (rounded to bfloat16 first for a bfloat16 cache, and attended to as stored). O (B, Hkv, G, D); partial
     states PO (B, Hkv, blocks, TILE_G, D), PM, PL (B, Hkv, blocks, TILE_G) in log2 units, merged
     by the head's last block (counted in C[bid(0)], set back to zero after). ROWS: KL (B,) holds
     each row's own length (its keys at slots 0 .. KL[b] - 1, the engine's slots; KS unused), so
