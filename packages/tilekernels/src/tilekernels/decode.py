@@ -239,7 +239,7 @@ def chunks_a_block(pairs: int, sms: int) -> int:
     two (the kernel's pairs of chunks: the same bits) once they fill them: fewer blocks and
     merges. GLM-ASR's heads (two chunks a 30 s window) at batch 64 / 128: 38.5 / 69.1 -> 32.0 /
     57.5 us, gpt2's at batch 32 / 64 / 128 (8-700 keys) 21.2 / 41.5 / 77.0 -> 20.2 / 38.0 / 69.4
-    (H100; one block a row: gpt2 at batch 16 18.1 -> 21.0)."""
+    (H100)."""
     return 2 if pairs >= sms else 1
 
 
