@@ -70,9 +70,10 @@ def specializations():
             cases += [(2, 1, True, W32, 6144), (2, 64, True, W16, 2048)]
         for precise, m, split, xt, n in cases:
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
+            tm, tn, tk = linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
                         [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
-                         *linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER), bias, code, glu,
+                         tm, linear.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
                          res, nrm, scale, precise, split, True]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
@@ -237,3 +238,15 @@ def test_skinny_splits_of_the_models():
     assert {name: splits(name) for name in DECODE_SHAPES} == {
         "glm qkv": 1, "glm o": 4, "glm gate/up": 1, "glm down": 4, "glm head": 1,
         "gpt2 qkv": 1, "gpt2 o": 1, "gpt2 fc1": 1, "gpt2 fc2": 6, "gpt2 head": 1}
+
+
+def test_narrow_blocks_only_where_no_norm_rides_along():
+    """At up to NARROW_ROWS rows a product without a norm in the kernel (o, down, gpt2's c_proj
+    and fc2) runs its 64-wide tiles as 32-wide blocks; normed products (whose row sums add in the
+    mma's register order) and wide tiles keep theirs, and so does every larger bucket."""
+    for m in (1, 2, 8, 16):
+        assert linear.skinny_block_n(m, linear.SKINNY_N, False) == linear.SKINNY_N // 2
+        assert linear.skinny_block_n(m, linear.SKINNY_N, True) == linear.SKINNY_N
+        assert linear.skinny_block_n(m, 2 * linear.SKINNY_N, False) == 2 * linear.SKINNY_N
+    for m in (17, 32, 64, 128):
+        assert linear.skinny_block_n(m, linear.SKINNY_N, False) == linear.SKINNY_N

@@ -346,13 +346,15 @@ def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
     import cupy
 
     (x, gx), (nw, gnw) = pair(rng, 128, 2048, scale=2.0), pair(rng, 2048)
-    for (w, gw), act in ((bf16_pair(rng, 3072, 2048, scale=0.05), None),
-                         (bf16_pair(rng, 2 * 6144, 2048, scale=0.05), "swiglu"),
-                         (bf16_pair(rng, 2048, 6144, scale=0.05), None), (pair(rng, 2304, 2048), "gelu_tanh")):
-        xs = gx if w.shape[1] == 2048 else cupy.asarray(np.tile(x, (1, 3)))
-        norm = tk.RMSNorm(gnw, 1e-5) if w.shape[1] == 2048 else None
+    rms = tk.RMSNorm(gnw, 1e-5)
+    x16 = tk.weights.to_bf16(gx)        # an o projection's input: bfloat16, no norm (narrow blocks at <= 16 rows)
+    for (w, gw), act, xs, norm in ((bf16_pair(rng, 3072, 2048, scale=0.05), None, gx, rms),
+                                   (bf16_pair(rng, 2 * 6144, 2048, scale=0.05), "swiglu", gx, rms),
+                                   (bf16_pair(rng, 2048, 2048, scale=0.05), None, x16, None),
+                                   (bf16_pair(rng, 2048, 6144, scale=0.05), None, cupy.asarray(np.tile(x, (1, 3))), None),
+                                   (pair(rng, 768, 2048), None, gx, None), (pair(rng, 2304, 2048), "gelu_tanh", gx, rms)):
         full = tk.linear(xs, gw, activation=act, norm=norm)
-        for m in (2, 3, 8, 16, 17, 32, 64, 100):
+        for m in (1, 2, 3, 8, 16, 17, 32, 64, 100):
             assert cupy.array_equal(tk.linear(xs[:m].copy(), gw, activation=act, norm=norm), full[:m]), (w.shape, m)
 
 

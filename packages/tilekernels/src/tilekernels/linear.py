@@ -14,8 +14,8 @@ own kernel first (storing bfloat16 where the product takes it).
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
   skinny kernel, weights as the A operand of a TF32 mma (bfloat16 at 'medium' for bfloat16
-  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights) per block
-  against up to 32 of the batch bucket's rows of x, K split over blocks (deterministically
+  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights; half at up to
+  16 rows without a norm in the kernel) per block against up to 32 of the bucket's rows of x, K split over blocks (deterministically
   merged) where N alone leaves the GPU short of weight loads in flight, one block an SM while
   they fit the SMs, two otherwise. A row's arithmetic is the same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
@@ -325,6 +325,9 @@ SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; ti
 # LayerNorm's two elementwise sums ride along: GLM-ASR's o / down at 1 row 9.2 / 15.2 -> 8.1 / 13.8 us,
 # gpt2's fc2 9.0 -> 7.5, where gpt2's LayerNorm products ran 0.3-0.9 us slower
 SKINNY_K = {4: 64, 2: 128}
+# buckets of up to this many rows launch a product's SKINNY_N-wide tiles in blocks of half the width
+# where no norm rides in the kernel (skinny_block_n)
+NARROW_ROWS = 16
 SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
@@ -343,6 +346,18 @@ def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4, layer_norm: bool 
     if itemsize == 2 and tile_n == SKINNY_N and not glu and not layer_norm:
         tile_k *= 2
     return min(SKINNY_M, max(16, next_pow2(m))), tile_n, tile_k
+
+
+def skinny_block_n(m: int, tile_n: int, in_kernel_norm: bool) -> int:
+    """Output columns a skinny block computes for m rows: half of a SKINNY_N-wide tile at up to
+    NARROW_ROWS rows where no norm rides in the kernel, else the tile's. The weight tiles' K chunks
+    and split points (skinny_splits, from tile_n) stay, and a 32-row tile's mma (HMMA) adds each
+    output's products in the same order as a 64-row one's (HGMMA): the same bits, measured at 1-128
+    rows. Twice the blocks at one row keep more weight loads in flight: GLM-ASR's o / down at 1 row
+    7.52 / 15.0 -> 7.44 / 14.36 us, the step 2.01 -> 1.98 ms; gpt2 bf16 at batch 1 +2.4% tok/s (H100,
+    docs/performance.md). A norm's row sums add in the register layout's order, which the two mmas
+    lay out differently: other bits, so normed products keep their tiles."""
+    return tile_n // 2 if m <= NARROW_ROWS and tile_n == SKINNY_N and not in_kernel_norm else tile_n
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, sms: int = 132) -> tuple[int, int]:
@@ -442,6 +457,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     if plan[0] == "skinny":
         tm, tn, tk = plan[1]
         per, split = skinny_splits(n, k, tn, tk, glu, sm_count())
+        tn = skinny_block_n(m, tn, in_kernel)
         n_blocks, m_blocks = -(-n // tn), -(-m // tm)
         p = p2 = s_ = c = y
         if split > 1:
