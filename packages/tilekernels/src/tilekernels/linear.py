@@ -14,10 +14,11 @@ own kernel first (storing bfloat16 where the product takes it).
 Two kernels, by what the product is (linear_plan):
 - a decode step's (one token a sequence, up to DECODE_ROWS = 128 rows, batch 1 included): the
   skinny kernel, weights as the A operand of a TF32 mma (bfloat16 at 'medium' for bfloat16
-  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights; half at up to
-  16 rows without a norm in the kernel) per block against up to 32 of the bucket's rows of x, K split over blocks (deterministically
-  merged) where N alone leaves the GPU short of weight loads in flight, one block an SM while
-  they fit the SMs, two otherwise. A row's arithmetic is the same in every bucket.
+  weights), 64 output columns (32 gated; twice that for wide bfloat16 weights; half at up to 16
+  rows without a norm in the kernel) per block against up to 32 of the bucket's rows of x, K
+  split over blocks (deterministically merged) where N alone leaves the GPU short of weight loads
+  in flight, one block an SM while they fit the SMs, two otherwise. A row's arithmetic is the
+  same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
   order for L2 reuse, TF32 (or bfloat16 at 'medium'), split over K only for decode-shaped
   products with too few output tiles.
