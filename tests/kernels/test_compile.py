@@ -94,8 +94,9 @@ def specializations():
         full = linear.BF16_GLU_LARGE_M if glu else linear.BF16_LARGE_M
         w16 = arr(2, dtype=W16)
         out_arrays = [w16, w16, w16, arr(1), arr(2), arr(2, dtype=out_w), I32]
-        for tiles in (full, (linear.HALF_M, *full[1:])):        # half rows: a window's encoder, a prompt
-            out.append((f"linear-bf16-{bias}-{code}-glu{glu}-res{res}-out{out_w}-m{tiles[0]}",
+        narrow = () if glu else ((128, 64, full[2]),)              # short of a wave, N <= SEQ_NARROW_N
+        for tiles in (full, (linear.HALF_M, *full[1:]), *narrow):  # half rows: a wide prompt product
+            out.append((f"linear-bf16-{bias}-{code}-glu{glu}-res{res}-out{out_w}-m{tiles[0]}-n{tiles[1]}",
                         linear.linear_kernel_occupancy2, [*out_arrays, *tiles, bias, code, glu, res, False, 2]))
     for n in (1280, 2048):
         rows, tile = norm.norm_config(n)

@@ -20,8 +20,8 @@ Two kernels, by what the product is (linear_plan):
   in flight, one block an SM while they fit the SMs, two otherwise. A row's arithmetic is the
   same in every bucket.
 - a sequence's (prompts, encoder windows) and any of more rows: 128x128 tiles in grouped
-  order for L2 reuse, TF32 (or bfloat16 at 'medium'), split over K only for decode-shaped
-  products with too few output tiles.
+  order for L2 reuse (fewer rows or columns where they are too few for the SMs), TF32 (or
+  bfloat16 at 'medium'), split over K only for decode-shaped products with too few output tiles.
 Measured on an H100: benchmarks/results/ and docs/performance.md.
 """
 from __future__ import annotations
@@ -319,6 +319,7 @@ SKINNY_N, SKINNY_GLU_N = 64, 32
 WIDE_N = 4096
 # half_rows_finish_sooner: the cost of a half tile is an estimate (half the work, less reuse), not a fit
 HALF_M, HALF_M_COST = 64, 0.6
+SEQ_NARROW_N = 2048     # bf16_sequence_tiles: 64-wide tiles short of a wave up to this many outputs
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
 # K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
 # bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md).
@@ -388,6 +389,26 @@ def half_rows_finish_sooner(m: int, n_tiles: int, slots: int) -> bool:
     return -(-half // slots) * HALF_M_COST < -(-full // slots)
 
 
+def bf16_sequence_tiles(m: int, n: int, glu: bool, sms: int) -> tuple[int, int]:
+    """(TILE_M, TILE_N) of a sequence's bfloat16 product (two blocks an SM): 128 x 128 from a
+    wave of them up (SMs), and for a gated unit's halves 128 x 64; short of a wave, 128 x 64
+    where N <= SEQ_NARROW_N, else half rows where they finish sooner. Measured (H100, us): a
+    prompt's (450 rows) down / o 73.9 / 22.5 -> 46.1 / 19.4 and gate/up 78.9 -> 62.0 (half rows
+    before), a window's encoder (1,500) fc2 / o / qkv 68.1 / 19.3 / 42.9 -> 50.6 / 17.2 / 37.2,
+    gpt2's fc2 / c_proj at 1,024 rows 31.2 / 11.9 -> 26.6 / 11.1; from a wave up 128 x 128 was
+    the fastest (docs/performance.md). A row's bits are the same in every tile (the same K
+    chunks added in the same order): a prompt's do not depend on the prompts beside it."""
+    rows, wide = BF16_LARGE_M[:2]
+    narrow = BF16_GLU_LARGE_M[1]
+    if glu:
+        return rows, narrow
+    if -(-m // rows) * -(-n // wide) >= sms:
+        return rows, wide
+    if n <= SEQ_NARROW_N:
+        return rows, narrow
+    return (HALF_M if half_rows_finish_sooner(m, -(-n // wide), 2 * sms) else rows), wide
+
+
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
                 sequence: bool = False, itemsize: int = 4, layer_norm: bool = False):
     """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
@@ -404,7 +425,9 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
     tm, tn, tk = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
-    if sequence and half_rows_finish_sooner(m, -(-n // tn), sms * (2 if bf16_mma else 1)):
+    if sequence and bf16_mma:
+        tm, tn = bf16_sequence_tiles(m, n, glu, sms)
+    elif sequence and half_rows_finish_sooner(m, -(-n // tn), sms):
         tm = HALF_M
     out_tiles = -(-m // tm) * -(-n // tn)
     k_tiles = -(-k // tk)
