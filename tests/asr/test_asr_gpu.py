@@ -35,9 +35,8 @@ def test_features_on_the_gpu_match_the_cpu(rng):
     for a, b in zip(cpu, gpu):
         assert isinstance(b.features, cupy.ndarray) and b.features.dtype == np.float32
         np.testing.assert_allclose(b.features.get(), a.features, atol=1e-6)
-    for start in (0, 5):        # three windows in one pass (one FFT, one product with the filters)
-        clips = [audio[(start + i) * 16000: (start + i + 9) * 16000] for i in range(3)]
-        np.testing.assert_allclose(log_mels(clips, xp=cupy).get(), log_mels(clips), atol=1e-6)
+    clips = [audio[i * 16000: (i + 9) * 16000] for i in range(3)]      # three windows in one pass
+    np.testing.assert_allclose(log_mels(clips, xp=cupy).get(), log_mels(clips), atol=1e-6)
 
 
 def test_graph_replays_match_eager_calls(tiny, poisoned, rng):

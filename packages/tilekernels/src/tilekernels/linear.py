@@ -390,14 +390,10 @@ def half_rows_finish_sooner(m: int, n_tiles: int, slots: int) -> bool:
 
 
 def bf16_sequence_tiles(m: int, n: int, glu: bool, sms: int) -> tuple[int, int]:
-    """(TILE_M, TILE_N) of a sequence's bfloat16 product (two blocks an SM): 128 x 128 from a
-    wave of them up (SMs), and for a gated unit's halves 128 x 64; short of a wave, 128 x 64
-    where N <= SEQ_NARROW_N, else half rows where they finish sooner. Measured (H100, us): a
-    prompt's (450 rows) down / o 73.9 / 22.5 -> 46.1 / 19.4 and gate/up 78.9 -> 62.0 (half rows
-    before), a window's encoder (1,500) fc2 / o / qkv 68.1 / 19.3 / 42.9 -> 50.6 / 17.2 / 37.2,
-    gpt2's fc2 / c_proj at 1,024 rows 31.2 / 11.9 -> 26.6 / 11.1; from a wave up 128 x 128 was
-    the fastest (docs/performance.md). A row's bits are the same in every tile (the same K
-    chunks added in the same order): a prompt's do not depend on the prompts beside it."""
+    """(TILE_M, TILE_N) of a sequence's bfloat16 product: 128 x 128 from a wave of them (SMs) up;
+    short of it 128 x 64 where N <= SEQ_NARROW_N (a 450-token prompt's down 73.9 -> 46.1 us, H100,
+    docs/performance.md), else half rows where they finish sooner; a gated unit's halves 128 x 64.
+    A row's bits are the same in every tile (the same K chunks added in the same order)."""
     rows, wide = BF16_LARGE_M[:2]
     narrow = BF16_GLU_LARGE_M[1]
     if glu:
