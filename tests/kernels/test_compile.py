@@ -67,10 +67,11 @@ def specializations():
         cases = [(0, 1, False, W32, 768), (0, 8, False, W32, 768), (1, 8, True, W32, 768), (0, 64, True, W32, 768),
                  (0, 128, True, W32, 768)]
         if wt == W16:       # precision 'medium': bfloat16 MMA, x float32 or bfloat16, narrow and wide weight tiles
-            cases += [(2, 1, True, W32, 6144), (2, 64, True, W16, 2048)]
+            cases += [(2, 1, True, W32, 6144), (2, 64, True, W16, 2048), (2, 1, True, W16, 2048)]
         for precise, m, split, xt, n in cases:
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
             tm, tn, tk = linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
+            tk = linear.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
                         [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
                          tm, linear.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
@@ -251,3 +252,25 @@ def test_narrow_blocks_only_where_no_norm_rides_along():
         assert linear.skinny_block_n(m, 2 * linear.SKINNY_N, False) == 2 * linear.SKINNY_N
     for m in (17, 32, 64, 128):
         assert linear.skinny_block_n(m, linear.SKINNY_N, False) == linear.SKINNY_N
+
+
+def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
+    """At up to NARROW_ROWS rows GLM-ASR's o and down projections and gpt2's fc2 (bfloat16, no
+    norm in the kernel, split ranges of an even count of 256-wide chunks) fold 512 of K a chunk,
+    covering each split's range as before; normed products, gpt2's c_proj (768 a split), float32
+    weights and every larger bucket keep their chunks."""
+    def block_k(name, m, itemsize=2, norm=False):
+        n, k, glu = DECODE_SHAPES[name]
+        _, tile_n, tile_k = linear.skinny_tiles(m, n, glu, itemsize)
+        per, _ = linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)
+        got = linear.skinny_block_k(m, k, tile_k, per, norm)
+        assert got[0] * got[1] == tile_k * per          # the same K a split
+        return got[0]
+
+    for m in (1, 7, 16):
+        assert {name: block_k(name, m) for name in ("glm o", "glm down", "gpt2 fc2", "gpt2 o")} == {
+            "glm o": 512, "glm down": 512, "gpt2 fc2": 512, "gpt2 o": 256}
+        assert block_k("glm qkv", m, norm=True) == block_k("glm o", m, norm=True) == 256
+        assert block_k("glm o", m, itemsize=4) == 64
+    for m in (17, 32, 64, 128):
+        assert block_k("glm o", m) == block_k("glm down", m) == 256

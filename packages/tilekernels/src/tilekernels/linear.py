@@ -331,6 +331,7 @@ SKINNY_K = {4: 64, 2: 128}
 # where no norm rides in the kernel (skinny_block_n)
 NARROW_ROWS = 16
 SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
+NARROW_K = 512                       # K a chunk of a narrow block (skinny_block_k)
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
 REDUCE_TILE = 256
@@ -360,6 +361,18 @@ def skinny_block_n(m: int, tile_n: int, in_kernel_norm: bool) -> int:
     docs/performance.md). A norm's row sums add in the register layout's order, which the two mmas
     lay out differently: other bits, so normed products keep their tiles."""
     return tile_n // 2 if m <= NARROW_ROWS and tile_n == SKINNY_N and not in_kernel_norm else tile_n
+
+
+def skinny_block_k(m: int, k: int, tile_k: int, per: int, in_kernel_norm: bool) -> tuple[int, int]:
+    """(K a chunk, chunks a split) of a skinny block for m rows: NARROW_K, twice the weight tiles'
+    256, at up to NARROW_ROWS rows where no norm rides in the kernel and the split ranges and K
+    hold whole chunks of it. An mma adds a 16-wide slice of K at a time, in order, however long the
+    chunk: the same bits. One round trip for a 512-wide chunk rather than two for a pair of 256-wide
+    ones: the GLM-ASR decoder step at 1 row 1.97 -> 1.91 ms, the clip 140.1 -> 138.9 ms; at 64 rows
+    2.91 -> 3.04 ms, so wider blocks keep 256 (H100, docs/performance.md)."""
+    if m <= NARROW_ROWS and not in_kernel_norm and 2 * tile_k == NARROW_K and per % 2 == 0 and k % NARROW_K == 0:
+        return NARROW_K, per // 2
+    return tile_k, per
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, sms: int = 132) -> tuple[int, int]:
@@ -478,6 +491,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
         tm, tn, tk = plan[1]
         per, split = skinny_splits(n, k, tn, tk, glu, sm_count())
         tn = skinny_block_n(m, tn, in_kernel)
+        tk, per = skinny_block_k(m, k, tk, per, in_kernel)
         n_blocks, m_blocks = -(-n // tn), -(-m // tm)
         p = p2 = s_ = c = y
         if split > 1:
