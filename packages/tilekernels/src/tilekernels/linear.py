@@ -174,15 +174,16 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K:
 @ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
 def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
-                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLIT: ConstBool,
+                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt,
                   W_TMA: ConstBool):
     """Up to TILE_M rows of x (batched decode: M = 2..128) against TILE_N weight rows over one
     K range (axis 2 of the grid): the weight tile is the mma's A operand (TILE_N, TILE_K), x
     transposed the B operand, so N fills the tensor-core M and one pass over the weights serves
-    every row. The weights stream at bandwidth only with enough blocks in flight: SPLIT cuts K
-    into ranges of blocks of their own (skinny_splits), each storing its partial sums (P, P2;
-    the norm's row sums in S); the last block of an output tile to finish (counted in C) adds
-    them in split order, so the result is the same on every run, and applies the epilogue.
+    every row. The weights stream at bandwidth only with enough blocks in flight: SPLITS > 1 cuts
+    K into ranges of blocks of their own (skinny_splits), each storing its partial sums (P, P2;
+    the norm's row sums in S); the last block of an output tile to finish (counted in C) loads
+    the others' all at once and adds them in split order, so the result is the same on every
+    run, and applies the epilogue.
     Axis 0 is the row blocks (64 and 128 rows): the blocks of one weight tile run side by side,
     the second reading it from L2 rather than HBM."""
     bm = ct.bid(0)
@@ -206,7 +207,7 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     if NORM != NO_NORM:
         s1, s2 = sums2(e1, e2, axis=1)
     done = True
-    if SPLIT:
+    if SPLITS > 1:
         ct.store(P, index=(split, bn, bm), tile=ct.reshape(acc, (1, TILE_N, TILE_M)), allow_tma=False)
         if GLU:
             ct.store(P2, index=(split, bn, bm), tile=ct.reshape(acc2, (1, TILE_N, TILE_M)), allow_tma=False)
@@ -214,17 +215,20 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
             ct.store(S, index=(split, 0, bm), tile=ct.reshape(s1, (1, 1, TILE_M)), allow_tma=False)
             ct.store(S, index=(split, 1, bm), tile=ct.reshape(s2, (1, 1, TILE_M)), allow_tma=False)
         tile = bn * ct.num_blocks(0) + bm
-        done = last_in_group(C, tile, ct.num_blocks(2))
+        done = last_in_group(C, tile, SPLITS)
         if done:
+            # the splits' partials load MERGE_LOADS at a time (one round trip each; a loop loading one
+            # and adding it took one a split); the block's own come from registers: read back through
+            # memory, another thread of the block may see them unwritten (wrong sums at two blocks an
+            # SM, H100 and H200), so what it loads of them is dropped
             own, own2, own1, own2s = acc, acc2, s1, s2
             acc, acc2, s1, s2 = zero, zero, stats, stats
-            for j in range(ct.num_blocks(2)):
-                # its own partial from registers: read back through memory, another thread of the
-                # block may see it unwritten (wrong sums at two blocks an SM, H100 and H200)
-                p, p2, t1, t2 = own, own2, own1, own2s
-                if j != split:
+            for j0 in ct.static_iter(range(0, SPLITS, MERGE_LOADS)):
+                parts = ()
+                for j in ct.static_iter(range(j0, min(j0 + MERGE_LOADS, SPLITS))):
                     p = ct.reshape(ct.load(P, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
                                    (TILE_N, TILE_M))
+                    p2, t1, t2 = p, stats, stats
                     if GLU:
                         p2 = ct.reshape(ct.load(P2, index=(j, bn, bm), shape=(1, TILE_N, TILE_M), allow_tma=False),
                                         (TILE_N, TILE_M))
@@ -233,11 +237,14 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
                                         (TILE_M, 1))
                         t2 = ct.reshape(ct.load(S, index=(j, 1, bm), shape=(1, 1, TILE_M), allow_tma=False),
                                         (TILE_M, 1))
-                acc = acc + p
-                if GLU:
-                    acc2 = acc2 + p2
-                if NORM != NO_NORM:
-                    s1, s2 = s1 + t1, s2 + t2
+                    parts += ((j, p, p2, t1, t2),)
+                for j, p, p2, t1, t2 in ct.static_iter(parts):
+                    mine = split == j
+                    acc = acc + ct.where(mine, own, p)
+                    if GLU:
+                        acc2 = acc2 + ct.where(mine, own2, p2)
+                    if NORM != NO_NORM:
+                        s1, s2 = s1 + ct.where(mine, own1, t1), s2 + ct.where(mine, own2s, t2)
             reset_count(C, tile)
     if done:
         epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
@@ -335,6 +342,7 @@ NARROW_K = 512                       # K a chunk of a narrow block (skinny_block
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
 REDUCE_TILE = 256
+MERGE_LOADS = 4                      # split partials the skinny kernel's merging block loads at once
 
 
 def skinny_tiles(m: int, n: int, glu: bool, itemsize: int = 4, layer_norm: bool = False) -> tuple[int, int, int]:
@@ -501,7 +509,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             c = last_block_counters(n_blocks * m_blocks)
         one_an_sm = m_blocks * n_blocks * split <= sm_count()
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
-               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split > 1,
+               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split,
                 True))
     else:
         _, (tm, tn, tk), per, split = plan
