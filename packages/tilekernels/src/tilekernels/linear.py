@@ -182,7 +182,7 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     every row. The weights stream at bandwidth only with enough blocks in flight: SPLITS > 1 cuts
     K into ranges of blocks of their own (skinny_splits), each storing its partial sums (P, P2;
     the norm's row sums in S); the last block of an output tile to finish (counted in C) loads
-    the others' all at once and adds them in split order, so the result is the same on every
+    them MERGE_LOADS at a time and adds them in split order, so the result is the same on every
     run, and applies the epilogue.
     Axis 0 is the row blocks (64 and 128 rows): the blocks of one weight tile run side by side,
     the second reading it from L2 rather than HBM."""
