@@ -554,6 +554,7 @@ def test_attention(poisoned, rng, b, hq, hkv, tq, tk_, d, causal):
 @pytest.mark.parametrize("b,hq,hkv,tq,tk_,d,causal", [
     (1, 1, 1, 1, 1, 64, False), (2, 4, 2, 7, 7, 64, True), (1, 20, 20, 1500, 1500, 64, False),
     (3, 2, 1, 769, 769, 64, False), (2, 16, 4, 33, 1281, 128, True), (1, 4, 4, 1, 300, 128, True),
+    (1, 16, 4, 450, 450, 128, True),        # GLM-ASR's prompt over a bfloat16 cache at precision bf16
 ])
 def test_attention_of_bfloat16_inputs(poisoned, rng, b, hq, hkv, tq, tk_, d, causal):
     """bfloat16 q, k, v (GLM-ASR's encoder at precision bf16): bfloat16 products with fp32 sums

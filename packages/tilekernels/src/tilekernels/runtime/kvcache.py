@@ -67,14 +67,17 @@ class KVCache:
         A decode step (T = 1) is one kernel at any batch (tk.decode_attention: the same
         arithmetic for a sequence whatever decodes beside it), its slot and length on the device
         (graph replay); a prompt is split_qkv then flash attention. out_dtype: what the o
-        projection takes (bfloat16 at precision 'medium'), for a decode step (a prompt's is
-        float32)."""
+        projection takes (bfloat16 at precision 'medium'). Over a bfloat16 cache a prompt's q is
+        then stored in bfloat16 too, so flash attention multiplies in bfloat16 as the decode
+        kernel does (GLM-ASR's 450-token prompt: docs/performance.md); else it is float32."""
         t = qkv.shape[1]
         cos, sin = self.rope or (None, None)
         if t == 1:
             return tk.decode_attention(qkv, self.k[layer], self.v[layer], self.span[:1], heads, scale,
                                        self.kv_start, cos, sin, lengths=self.lengths, out_dtype=out_dtype)
-        q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start)
+        bf16 = np.dtype(out_dtype) == tk.weights.BF16 and self.k.dtype == tk.weights.BF16
+        q = tk.split_qkv(qkv, self.k[layer], self.v[layer], self.span[:1], heads, cos, sin, kv_start=self.kv_start,
+                         q_dtype=tk.weights.BF16 if bf16 else np.float32)
         end = self.length + t
         return tk.attention(q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], True, scale, self.kv_start)
 
