@@ -44,6 +44,20 @@ def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):
     assert not wide.busy and sorted(wide.runner.slots.free) == list(range(64))
 
 
+def test_a_flow_starts_only_for_rows_that_go_on_past_their_first_token(ckpt):
+    """The decode steps are queued before the host has a prefill's first tokens: requests that end
+    with their first token start none, and a row that ends so beside others leaves their tokens as
+    they are alone."""
+    model = GPT.load(ckpt)
+    engine = Engine(model, 4)
+    work = [([5, 6, 7], 1), ([9], 1), ([3, 4], 1)]
+    alone = [run(Engine(model, 1), [w])[0] for w in work]
+    assert run(engine, work) == alone and [len(t) for t in alone] == [1, 1, 1]
+    assert engine.flow is None and not engine.runner.decoders
+    mixed = work + [([8, 1, 2], 6)]
+    assert run(Engine(model, 4), mixed) == alone + [run(Engine(model, 1), [mixed[-1]])[0]]
+
+
 def test_capacity_is_at_most_the_models_positions(ckpt):
     model = GPT.load(ckpt)
     assert Engine(model, 1).capacity == Engine(model, 1, capacity=4096).capacity == 128

@@ -4,7 +4,7 @@ step and leave it the step they finish, their slot going to the next waiting req
 When no decode is under way, a step admits what fits (scheduler.py), prefills it (runner.py:
 ragged prompts in one batch, at most prefill_tokens of them, so running rows wait little) and
 starts a flow: the running rows' decode steps, replayed CHAIN at a time from chains of CUDA
-graphs. Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
+graphs, the first queued before the host has the prompts' first tokens (no gap on the GPU). Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
 strings, length) while the GPU already runs the next replay, so the host's share of a step
 (tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or when
 waiting requests can take free slots and either they are at least an eighth of the running rows
@@ -118,11 +118,12 @@ class Engine:
                     events += self._fold()
             if self.flow is None:
                 admitted = s.admit()
+                first = self.runner.prefill(admitted) if admitted else None
+                if s.running:       # queued before the host has the first tokens: no gap on the GPU
+                    self._start_flow(admitted, first)
                 if admitted:
-                    for r, tok in zip(admitted, self.runner.prefill(admitted)):
+                    for r, tok in zip(admitted, first.host()):
                         events.append(self._push(r, int(tok)))
-                if s.running:
-                    self._start_flow()
             if self.flow is not None:
                 events += self._fold()
         return events
@@ -158,16 +159,22 @@ class Engine:
     def _runs(self, slot: int, r: Request) -> bool:
         return self.scheduler.running.get(slot) is r
 
-    def _start_flow(self) -> None:
+    def _start_flow(self, admitted: list[Request], first) -> None:
         """Decode the running rows as far as the furthest one needs (a row past its end computes
-        steps that are ignored), within every row's slot. Waiting requests end it by the rule of
-        _admit_now, not at the first row to finish: a flow cut at each end admitted one request
-        at a time (gpt2's mixed load ran slower than static batches, 24,740 against 27,860 tok/s)."""
+        steps that are ignored), within every row's slot; rows just admitted start from their
+        first tokens (first, runner.FirstTokens) on the device, before the host has pushed them.
+        Waiting requests end it by the rule of _admit_now, not at the first row to finish: a
+        flow cut at each end admitted one request at a time (gpt2's mixed load ran slower than
+        static batches, 24,740 against 27,860 tok/s)."""
         running = self.scheduler.running
+        new = {id(r) for r in admitted}
         room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)
-        steps = min(max(r.remaining for r in running.values()), room)
+        steps = min(max(r.remaining - (id(r) in new) for r in running.values()), room)
+        if steps <= 0:          # every row ends with its first token
+            return
         self.flow_rows, self.flow_left, self.flow_on, self.held_since = dict(running), steps, True, None
-        self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on)
+        self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on,
+                                       ([r.slot for r in admitted], first) if admitted else None)
 
     def _end_flow(self) -> None:
         """Drop the flow (a replay it queued may still run: the next one's start waits for it)."""

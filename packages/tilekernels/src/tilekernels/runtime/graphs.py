@@ -77,6 +77,7 @@ class DecodeGraph:
         self.positions = cupy.zeros(b, cupy.int64) if cache.lengths is None else cache.lengths
         self.at = self.positions.get()          # where building writes keys: each row's next column
         self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
+        self.queued = None                      # the event of the last replay queued (its pinned buffers)
         self._seed(np.zeros(b, np.int64), self.at)   # compiles the seeding embedding now, not in tokens
         # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
         # consecutive replays copy their tokens into different host arrays
@@ -138,12 +139,13 @@ class DecodeGraph:
         graph.upload(stream)        # not in the first replay's time
         return Replay(graph, logits, host, u_host, (tokens, u))
 
-    def _seed(self, ids: np.ndarray, positions: np.ndarray) -> None:
-        """The next step's input (x[0]) from host token ids and positions; the cache span."""
+    def _seed(self, ids, positions: np.ndarray) -> None:
+        """The next step's input (x[0]) from token ids (host or device) and host positions; the
+        cache span."""
         import cupy
 
         self.cache.begin(1)
-        ids = cupy.asarray(np.asarray(ids, np.int64).reshape(-1, 1))
+        ids = cupy.asarray(ids, np.int64).reshape(-1, 1)
         self.positions.set(np.asarray(positions, np.int64).reshape(-1))
         self.x[0][...] = step_input(ids, self.positions[:, None], self.table, self.pos_table)
 
@@ -158,23 +160,24 @@ class DecodeGraph:
             replay.uniforms[...] = self.sampler.uniforms(replay.n)
         replay.graph.launch(stream)
         self.cache.length += replay.n
-        return stream.record()
+        self.queued = stream.record()
+        return self.queued
 
-    def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int,
+    def chunks(self, ids, positions: np.ndarray, steps: int,
                go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
-        """The tokens the sampler picks in `steps` steps from ids at positions, a replay at a
-        time: (n, B) arrays, as chunk_sizes cuts them.
+        """The tokens the sampler picks in `steps` steps from ids (B,) at positions (host),
+        a replay at a time: (n, B) arrays, as chunk_sizes cuts them. ids may be on the device
+        (a prefill's first tokens, not yet seen by the host).
 
-        Each replay is queued before the host waits for the one before it, so the GPU runs the
-        next replay while the caller handles these tokens. go_on() is asked before each further
-        replay is queued: once it says False, the replay already queued is still handed out and
-        then the iteration ends. Stopping it otherwise leaves at most one replay's steps extra in
-        the cache, never more than `steps` in all.
+        The first replay is queued now, each further one before the host waits for the one
+        before it, so the GPU runs the next replay while the caller handles these tokens.
+        go_on() is asked before each further replay is queued: once it says False, the replay
+        already queued is still handed out and then the iteration ends. Stopping it otherwise
+        leaves at most one replay's steps extra in the cache, never more than `steps` in all.
         """
-        import cupy
-
-        cupy.cuda.get_current_stream().synchronize()    # a replay left running by an earlier call is done
-        self.sampler.sync()                             # rows set since the last replay (set_row)
+        if self.queued is not None:     # a replay an earlier call left running: its pinned buffers
+            self.queued.synchronize()   # (the stream's other work, a prefill, need not be done)
+        self.sampler.sync()             # rows set since the last replay (set_row)
         self._seed(ids, positions)
         # chunk_sizes' replays: a chain ends where it began, at x[0]; consecutive replays are
         # different graphs, so a graph's pinned buffers are read before it is queued again
@@ -187,7 +190,7 @@ class DecodeGraph:
             replay, ready = launched
             ready.synchronize()
             return replay.tokens.copy()
-        yield from pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect, go_on)
+        return pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect, go_on)
 
     def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """chunks' tokens a step at a time: (B,) arrays."""
@@ -207,18 +210,18 @@ def chunk_sizes(steps: int) -> list[int]:
 
 
 def pipelined(launches: list[Callable], collect: Callable, go_on: Callable[[], bool] | None = None) -> Iterator:
-    """collect(launch()) for each launch in order, the next one launched before this one is
-    collected (so the device works while the caller handles a result); once go_on() says
-    False no further one is launched, and the one already launched is still collected."""
-    if not launches:
-        return
-    pending = launches[0]()
-    for j in range(len(launches)):
-        nxt = launches[j + 1]() if j + 1 < len(launches) and (go_on is None or go_on()) else None
-        yield collect(pending)
-        if nxt is None:
-            return
-        pending = nxt
+    """collect(launch()) for each launch in order: the first launched now, each next one
+    before this one is collected (so the device works while the caller handles a result);
+    once go_on() says False no further one is launched, and the one already launched is still
+    collected."""
+    def results(pending) -> Iterator:
+        for j in range(len(launches)):
+            nxt = launches[j + 1]() if j + 1 < len(launches) and (go_on is None or go_on()) else None
+            yield collect(pending)
+            if nxt is None:
+                return
+            pending = nxt
+    return results(launches[0]()) if launches else iter(())
 
 
 class ShapeGraphs:

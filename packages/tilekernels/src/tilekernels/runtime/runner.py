@@ -42,7 +42,7 @@ class PlainDecoder:
                 out.append(self.sampler.pick(logits))
                 at["ids"], at["pos"] = out[-1].reshape(-1, 1), at["pos"] + 1
             return np.array(out)
-        yield from pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out, go_on)
+        return pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out, go_on)
 
 
 def bucket(rows: int) -> int:
@@ -87,9 +87,10 @@ class ModelRunner:
             self.prefills[rows] = (view, step, ShapeGraphs(step) if xp is not np else None)
         return self.prefills[rows]
 
-    def prefill(self, requests: list[Request]) -> np.ndarray:
+    def prefill(self, requests: list[Request]) -> "FirstTokens":
         """Run the prompts of requests just given their slots: their keys into their slots, and
-        the first token of each (host ids, in order)."""
+        the first token of each, in order (on the device, and copied to the host as the GPU
+        gets there: the decode steps can be queued before the host has them)."""
         xp, slots = self.xp, self.slots
         lengths = np.array([len(r.prompt) for r in requests])
         width = round_up(int(lengths.max()), 16)
@@ -124,12 +125,12 @@ class ModelRunner:
         positions = np.minimum(np.arange(width)[None, :], ends[:, None] - 1)
         return m.embed(xp.asarray(ids), xp.asarray(positions))
 
-    def _first_tokens(self, requests: list[Request], logits) -> np.ndarray:
+    def _first_tokens(self, requests: list[Request], logits) -> "FirstTokens":
         """Each request's first token, drawn with its own generator; its row of the sampler
         (settings, repetition mask, generator) set up for the decode steps."""
         for r in requests:
             self.sampler.set_row(r.slot, r.sampling, r.prompt, r.rng)
-        return self.sampler.pick_rows(logits, [r.slot for r in requests])
+        return FirstTokens(self.sampler.pick_rows(logits, [r.slot for r in requests]))
 
     def release(self, slot: int) -> None:
         """A slot left free: its row greedy again (a free row changes no batch's mode)."""
@@ -156,12 +157,13 @@ class ModelRunner:
         return self.decoders[key]
 
     def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int,
-               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
-        """Up to `steps` tokens of the running slots from their last tokens (ids by slot), a
-        replay at a time: (n, rows) arrays, the next replay already running while the caller
-        handles one (DecodeGraph.chunks: go_on). The caller advances the lengths of the slots
-        still running by each chunk's steps (Engine)."""
-        slots = self.slots
+               go_on: Callable[[], bool] | None = None, new: tuple | None = None) -> Iterator[np.ndarray]:
+        """Up to `steps` tokens of the running slots from their last tokens (ids by slot; new:
+        (slots, FirstTokens) of rows just prefilled, their first tokens taken on the device), a
+        replay at a time: (n, rows) arrays. The first replay is queued now, each next one while
+        the caller handles the one before (DecodeGraph.chunks: go_on). The caller advances the
+        lengths of the slots still running by each chunk's steps (Engine)."""
+        slots, xp = self.slots, self.xp
         rows = min(bucket(max(requests) + 1), slots.rows)
         dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
         dec.cache.length = 0
@@ -169,5 +171,32 @@ class ModelRunner:
         positions = slots.length[:rows].copy()       # free rows: 0 (their columns are overwritten on reuse)
         for slot, tok in ids.items():
             first[slot] = tok
-        for chunk in dec.chunks(first, positions, steps, go_on):
-            yield chunk.reshape(len(chunk), rows)
+        if new is not None:
+            first = xp.asarray(first)
+            first[xp.asarray(np.asarray(new[0], np.int64))] = new[1].device
+        return (chunk.reshape(len(chunk), rows) for chunk in dec.chunks(first, positions, steps, go_on))
+
+
+class FirstTokens:
+    """A prefill's first tokens: on the device, and on the host once the GPU has picked them (a
+    copy queued behind the pick, waited for alone: not behind decode steps queued after it)."""
+
+    def __init__(self, device):
+        self.device = device
+        if isinstance(device, np.ndarray):
+            self._host, self._ready = device, None
+            return
+        import cupy
+        import cupyx
+
+        self._host = cupyx.empty_pinned(device.shape, np.int64)
+        stream = cupy.cuda.get_current_stream()
+        cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, device.data.ptr, device.nbytes,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self._ready = stream.record()
+
+    def host(self) -> np.ndarray:
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        return self._host

@@ -168,9 +168,10 @@ class Sampler:
                          penalty=d["penalty"][:n] if m.penalty else 1.0,
                          seen=o.seen[:n] if m.penalty else None, **tail)
 
-    def pick_rows(self, logits, rows: Sequence[int]) -> np.ndarray:
-        """Host token ids for logits (len(rows), V) whose row i belongs to row rows[i] (a
-        prefill's first tokens), each drawing one uniform from its row's generator. On the GPU
+    def pick_rows(self, logits, rows: Sequence[int]):
+        """Token ids (int64, on the logits' device) for logits (len(rows), V) whose row i belongs
+        to row rows[i] (a prefill's first tokens), each drawing one uniform from its row's
+        generator. On the GPU
         the pick runs over a power of two of rows (copies of the last row added, their picks
         dropped): cuTile compiles a kernel for each class of its arrays' shapes, and warm_up
         builds the powers of two (a first pick of 40 rows compiled for 0.27 s in a server)."""
@@ -199,7 +200,7 @@ class Sampler:
             tok = tk.sample(logits, u, temperature=arr["temperature"] if m.draws else 0,
                             top_k=arr["top_k"] if m.top_k else 0, top_p=arr["top_p"] if m.top_p else 1.0,
                             penalty=arr["penalty"] if m.penalty else 1.0, seen=seen)
-        tok = (tok.get() if hasattr(tok, "get") else np.asarray(tok))[:n]
+        tok = tok[:n].astype(np.int64, copy=False)
         if o.seen is not None:
-            o.seen[xp.asarray(idx[:n]), xp.asarray(tok)] = 1
+            o.seen[xp.asarray(idx[:n]), tok] = 1
         return tok
