@@ -45,9 +45,8 @@ def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):
 
 
 def test_a_flow_starts_only_for_rows_that_go_on_past_their_first_token(ckpt):
-    """The decode steps are queued before the host has a prefill's first tokens: requests that end
-    with their first token start none, and a row that ends so beside others leaves their tokens as
-    they are alone."""
+    """Decode steps are queued before the host has the first tokens: requests ending with their
+    first start none; beside others, theirs stay as alone."""
     model = GPT.load(ckpt)
     engine = Engine(model, 4)
     work = [([5, 6, 7], 1), ([9], 1), ([3, 4], 1)]

@@ -95,15 +95,12 @@ def _device_kernels(cupy) -> tuple:
 
 
 def _log_mels_device(windows: list, cupy):
-    """log_mels on the GPU in eight launches rather than some twenty cupy calls (a 30 s clip's
-    features wait on the host's launches, not the GPU): the samples framed, reflect-padded and
-    windowed in one kernel; the rfft; |X|^2; the product with the filters as (frames, mels); the
-    largest power of each window (log10 is monotone: the log of the largest is the largest log);
-    the scaling into (mels, frames) float32 in one kernel. Every value takes the recipe's float64
-    operations in its order except the filter product's sums (cuBLAS's own order either way)."""
+    """log_mels in eight launches, not some twenty cupy calls whose host time a 30 s clip waited
+    for: the recipe's float64 operations in its order (the filter product's sums in cuBLAS's), the
+    largest log taken as the log of the largest power (log10 is monotone)."""
     n = len(windows)
     x = cupy.empty((n, WINDOW_SAMPLES), np.float32)
-    for i, w in enumerate(windows):         # float32 samples (audio.py), copied as they are
+    for i, w in enumerate(windows):
         if isinstance(w, np.ndarray):
             x[i, :len(w)].set(np.ascontiguousarray(w))
         else:

@@ -161,11 +161,10 @@ class Engine:
 
     def _start_flow(self, admitted: list[Request], first) -> None:
         """Decode the running rows as far as the furthest one needs (a row past its end computes
-        steps that are ignored), within every row's slot; rows just admitted start from their
-        first tokens (first, runner.FirstTokens) on the device, before the host has pushed them.
-        Waiting requests end it by the rule of _admit_now, not at the first row to finish: a
-        flow cut at each end admitted one request at a time (gpt2's mixed load ran slower than
-        static batches, 24,740 against 27,860 tok/s)."""
+        steps that are ignored), within every row's slot; rows just admitted start from `first`
+        (runner.FirstTokens) on the device. Waiting requests end it by the rule of _admit_now, not
+        at the first row to finish: a flow cut at each end admitted one request at a time (gpt2's
+        mixed load ran slower than static batches, 24,740 against 27,860 tok/s)."""
         running = self.scheduler.running
         new = {id(r) for r in admitted}
         room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)

@@ -165,15 +165,13 @@ class DecodeGraph:
 
     def chunks(self, ids, positions: np.ndarray, steps: int,
                go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
-        """The tokens the sampler picks in `steps` steps from ids (B,) at positions (host),
-        a replay at a time: (n, B) arrays, as chunk_sizes cuts them. ids may be on the device
-        (a prefill's first tokens, not yet seen by the host).
+        """The tokens the sampler picks in `steps` steps from ids (B,; host or device) at
+        positions (host), a replay at a time: (n, B) arrays, as chunk_sizes cuts them.
 
         The first replay is queued now, each further one before the host waits for the one
-        before it, so the GPU runs the next replay while the caller handles these tokens.
-        go_on() is asked before each further replay is queued: once it says False, the replay
-        already queued is still handed out and then the iteration ends. Stopping it otherwise
-        leaves at most one replay's steps extra in the cache, never more than `steps` in all.
+        before it. go_on() is asked before each further replay is queued: once it says False,
+        the replay already queued is still handed out and then the iteration ends. Stopping it
+        otherwise leaves at most one replay's steps extra in the cache, never more than `steps`.
         """
         if self.queued is not None:     # a replay an earlier call left running: its pinned buffers
             self.queued.synchronize()   # (the stream's other work, a prefill, need not be done)

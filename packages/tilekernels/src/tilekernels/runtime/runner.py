@@ -159,10 +159,9 @@ class ModelRunner:
     def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int,
                go_on: Callable[[], bool] | None = None, new: tuple | None = None) -> Iterator[np.ndarray]:
         """Up to `steps` tokens of the running slots from their last tokens (ids by slot; new:
-        (slots, FirstTokens) of rows just prefilled, their first tokens taken on the device), a
-        replay at a time: (n, rows) arrays. The first replay is queued now, each next one while
-        the caller handles the one before (DecodeGraph.chunks: go_on). The caller advances the
-        lengths of the slots still running by each chunk's steps (Engine)."""
+        (slots, FirstTokens) of rows just prefilled), a replay at a time: (n, rows) arrays, the
+        first queued now (DecodeGraph.chunks: go_on). The caller advances the lengths of the
+        slots still running by each chunk's steps (Engine)."""
         slots, xp = self.slots, self.xp
         rows = min(bucket(max(requests) + 1), slots.rows)
         dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
@@ -178,8 +177,8 @@ class ModelRunner:
 
 
 class FirstTokens:
-    """A prefill's first tokens: on the device, and on the host once the GPU has picked them (a
-    copy queued behind the pick, waited for alone: not behind decode steps queued after it)."""
+    """A prefill's first tokens on the device, and on the host (host(): a copy queued behind the
+    pick, waited for alone, not behind the decode steps queued after it)."""
 
     def __init__(self, device):
         self.device = device
