@@ -4,8 +4,9 @@ step and leave it the step they finish, their slot going to the next waiting req
 When no decode is under way, a step admits what fits (scheduler.py), prefills it (runner.py:
 ragged prompts in one batch, at most prefill_tokens of them, so running rows wait little) and
 starts a flow: the running rows' decode steps, replayed CHAIN at a time from chains of CUDA
-graphs, the first queued before the host has the prompts' first tokens (no gap on the GPU). Each step then folds one replay's tokens into the requests (sequence.py: eos, stop
-strings, length) while the GPU already runs the next replay, so the host's share of a step
+graphs, the first queued before the host has the prompts' first tokens (no gap on the GPU). Each
+step then folds one replay's tokens into the requests (sequence.py: eos, stop strings, length)
+while the GPU already runs the next replay, so the host's share of a step
 (tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or when
 waiting requests can take free slots and either they are at least an eighth of the running rows
 or a slot has been free for ADMIT_WAIT_S: the replay already queued is folded in, and the same

@@ -171,10 +171,10 @@ class Sampler:
     def pick_rows(self, logits, rows: Sequence[int]):
         """Token ids (int64, on the logits' device) for logits (len(rows), V) whose row i belongs
         to row rows[i] (a prefill's first tokens), each drawing one uniform from its row's
-        generator. On the GPU
-        the pick runs over a power of two of rows (copies of the last row added, their picks
-        dropped): cuTile compiles a kernel for each class of its arrays' shapes, and warm_up
-        builds the powers of two (a first pick of 40 rows compiled for 0.27 s in a server)."""
+        generator. On the GPU the pick runs over a power of two of rows (copies of the last row
+        added, their picks dropped): cuTile compiles a kernel for each class of its arrays'
+        shapes, and warm_up builds the powers of two (a first pick of 40 rows compiled for 0.27 s
+        in a server)."""
         o, xp = self.owner, self.xp
         idx = np.asarray(rows, np.int64)
         n = len(idx)
