@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import math
 import os
 import sys
@@ -138,6 +139,7 @@ def worker_transcriber(job: dict):
     from .api import SpeechRecognizer
     from .pipeline import Transcriber
 
+    _quiet_pool_closing()
     key = _model_key(job)
     if key not in _CACHE:
         if _CACHE:
@@ -152,6 +154,25 @@ def worker_transcriber(job: dict):
     asr, device = _CACHE[key]
     asr.transcriber.check(job["prompt"], job["max_new_tokens"])
     return asr, device
+
+
+class _PoolClosing(logging.Filter):
+    """Drops the error a worker logs when it closes with a heartbeat in flight: its own
+    connection pool, closing, cancels the heartbeat's connect ("ConnectionPool closing"), and
+    distributed logs that with a traceback (a loaded machine's local cluster, closing, showed it
+    now and then). Nothing failed: the worker was shutting down."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage().startswith("Failed to communicate with scheduler during heartbeat")
+                    and "ConnectionPool closing" in str(exc))
+
+
+def _quiet_pool_closing() -> None:
+    """Install _PoolClosing on this worker's logger (once)."""
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _PoolClosing) for f in log.filters):
+        log.addFilter(_PoolClosing())
 
 
 def _free_gpu_memory() -> None:
