@@ -136,6 +136,12 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     b = bh // K.shape[1]
     kvh = bh % K.shape[1]
     inputs_ready()
+    # q and the new key and value load with the row's length, before anything hangs on it: one
+    # round trip (after it, q's store to shared memory held the next loads back a round trip; SASS)
+    q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
+                           allow_tma=False), (TILE_G, D))
+    kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+    vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
     if ROWS:
         tk = ct.astype(ct.load(KL, index=(b,), shape=()), ct.int32)
         kstart = 0
@@ -151,11 +157,6 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     if lo <= hi:
         rows = ct.arange(TILE_G, dtype=ct.int32)[:, None]
         c = ct.arange(D, dtype=ct.int32)[None, :]
-        q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
-                               allow_tma=False), (TILE_G, D))
-        # the new key and value (only the last chunk folds them in) load with q: one round trip
-        kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-        vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
         position = max(tk - kstart, 0)
         if ROPE:
             if ((2 * HALF) & (2 * HALF - 1)) == 0:      # padding rows of q are zeros, rotated to zeros
