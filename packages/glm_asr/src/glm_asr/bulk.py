@@ -157,10 +157,8 @@ def worker_transcriber(job: dict):
 
 
 class _PoolClosing(logging.Filter):
-    """Drops the error a worker logs when it closes with a heartbeat in flight: its own
-    connection pool, closing, cancels the heartbeat's connect ("ConnectionPool closing"), and
-    distributed logs that with a traceback (a loaded machine's local cluster, closing, showed it
-    now and then). Nothing failed: the worker was shutting down."""
+    """Drops the traceback a worker logs when it closes with a heartbeat in flight (its own
+    connection pool, closing, cancels the heartbeat: seen now and then on a loaded machine)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None

@@ -175,10 +175,8 @@ def last_in_group(C, group, blocks):
 
 
 def reset_count(C, group) -> None:
-    """Tile helper: the group's last block, done, sets C[group] back to zero with a plain store
-    (no other block touches it again before the kernel ends, which makes it visible to the next).
-    An atomic exchange returned the old value through shared memory behind a barrier: the block
-    waited a round trip to L2 before its next loads (SASS)."""
+    """Tile helper: the group's last block sets C[group] back to zero, a plain store (visible to
+    the next kernel; an atomic exchange held the block's next loads back a round trip: SASS)."""
     ct.store(C, index=(group,), tile=ct.full((), 0, dtype=C.dtype))
 
 

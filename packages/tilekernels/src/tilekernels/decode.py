@@ -136,8 +136,7 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     b = bh // K.shape[1]
     kvh = bh % K.shape[1]
     inputs_ready()
-    # q and the new key and value load with the row's length, before anything hangs on it: one
-    # round trip (after it, q's store to shared memory held the next loads back a round trip; SASS)
+    # q and the new key and value load with the row's length: one round trip, not two (SASS)
     q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
                            allow_tma=False), (TILE_G, D))
     kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
