@@ -138,15 +138,12 @@ def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU:
     ct.store(Y, index=(bm, bn), tile=like(Y, acc), allow_tma=TMA)
 
 
-def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool, TMA: bool):
-    """Weight tile k of rows bn (and of the up half for GLU) as stored; zeros past the end
-    of K. TMA=False loads straight into registers: plain loads issued before inputs_ready()
-    are in flight while the kernel waits, where the compiler's TMA pipeline only starts
-    after the wait (seen in the SASS)."""
-    w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=TMA)
+def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
+    """Weight tile k of rows bn (and of the up half for GLU) as stored; zeros past the end of K."""
+    w = ct.load(W, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
     w2 = w
     if GLU:
-        w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO, allow_tma=TMA)
+        w2 = ct.load(W2, index=(bn, k), shape=(TILE_N, TILE_K), padding_mode=ct.PaddingMode.ZERO)
     return w, w2
 
 
@@ -174,8 +171,7 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K:
 @ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
 def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
-                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt,
-                  W_TMA: ConstBool):
+                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt):
     """Up to TILE_M rows of x (batched decode: M = 2..128) against TILE_N weight rows over one
     K range (axis 2 of the grid): the weight tile is the mma's A operand (TILE_N, TILE_K), x
     transposed the B operand, so N fills the tensor-core M and one pass over the weights serves
@@ -191,7 +187,7 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     split = ct.bid(2)
     k0 = split * k_tiles_per_split
     k1 = min(k0 + k_tiles_per_split, ct.cdiv(X.shape[1], TILE_K))
-    w, w2 = weight_tiles(W, W2, bn, k0, TILE_N, TILE_K, GLU, W_TMA)
+    w, w2 = weight_tiles(W, W2, bn, k0, TILE_N, TILE_K, GLU)
     inputs_ready()
     x0 = first_column(X, bm, TILE_M, NORM)
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
@@ -200,7 +196,7 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k0, w, w2, zero, zero, sums, sums, x0, TILE_M, TILE_K, GLU, NORM,
                                      SCALE, MMA)
     for k in range(k0 + 1, k1):
-        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU, W_TMA)
+        w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
         acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M, TILE_K, GLU, NORM,
                                          SCALE, MMA)
     s1, s2 = stats, stats
@@ -509,8 +505,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             c = last_block_counters(n_blocks * m_blocks)
         one_an_sm = m_blocks * n_blocks * split <= sm_count()
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
-               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split,
-                True))
+               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split))
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
