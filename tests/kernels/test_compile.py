@@ -72,10 +72,12 @@ def specializations():
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
             tm, tn, tk = linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
             tk = linear.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
+            two = res and wt == W16     # a residual stream stored in float32 and in bfloat16
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
-                        [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(3), arr(3), arr(3), iarr(1), F32, I32,
+                        [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(2, dtype=W16 if two else W32),
+                         arr(3), arr(3), arr(3), iarr(1), F32, I32,
                          tm, linear.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
-                         res, nrm, scale, precise, 4 if split else 1]))
+                         res, nrm, scale, precise, 4 if split else 1, two]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),
@@ -103,6 +105,8 @@ def specializations():
         rows, tile = norm.norm_config(n)
         out.append((f"norm-{n}-bf16-out", norm.norm_kernel,
                     [arr(2), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
+        out.append((f"norm-{n}-bf16-in", norm.norm_kernel,       # a residual stream's bfloat16 copy
+                    [arr(2, dtype=W16), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
     out.append(("linear-partial", linear.linear_kernel,
                 [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *linear.LARGE_M, False, 0, False, False, True, False]))
     for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),

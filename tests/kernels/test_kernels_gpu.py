@@ -24,12 +24,18 @@ def pair(rng, *shape, scale=1.0):
 
 @pytest.mark.parametrize("rows,n", [(1, 1), (7, 7), (769, 768), (33, 1281), (8, 2048), (3, 6144)])
 def test_norms(poisoned, rng, rows, n):
+    import cupy
+
     (x, gx), (w, gw), (b, gb) = pair(rng, rows, n), pair(rng, n), pair(rng, n)
     x64 = x.astype(np.float64)
     mu = x64.mean(-1, keepdims=True)
     ln = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
     assert rel_err(tk.layernorm(gx, gw, gb), ln) <= FP32
     assert rel_err(tk.rmsnorm(gx, gw, 1e-5), x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w) <= FP32
+    x16 = tk.weights.to_bf16(gx)        # bfloat16 x: as its float32 widening
+    wide = (x16.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+    assert rel_err(tk.rmsnorm(x16, gw, 1e-5), tk.rmsnorm(wide, gw, 1e-5).get()) <= FP32
+    assert rel_err(tk.layernorm(x16, gw, gb), tk.layernorm(wide, gw, gb).get()) <= FP32
 
 
 @pytest.mark.parametrize("c,dtype", [(1, np.int64), (7, np.int32), (768, np.int64), (769, np.int32),
@@ -351,11 +357,32 @@ def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
     for (w, gw), act, xs, norm in ((bf16_pair(rng, 3072, 2048, scale=0.05), None, gx, rms),
                                    (bf16_pair(rng, 2 * 6144, 2048, scale=0.05), "swiglu", gx, rms),
                                    (bf16_pair(rng, 2048, 2048, scale=0.05), None, x16, None),
+                                   (bf16_pair(rng, 2 * 6144, 2048, scale=0.05), "swiglu", x16, rms),
                                    (bf16_pair(rng, 2048, 6144, scale=0.05), None, cupy.asarray(np.tile(x, (1, 3))), None),
                                    (pair(rng, 768, 2048), None, gx, None), (pair(rng, 2304, 2048), "gelu_tanh", gx, rms)):
         full = tk.linear(xs, gw, activation=act, norm=norm)
         for m in (1, 2, 3, 8, 16, 17, 32, 64, 100):
             assert cupy.array_equal(tk.linear(xs[:m].copy(), gw, activation=act, norm=norm), full[:m]), (w.shape, m)
+
+
+def test_residual_stream_stored_twice(poisoned, rng):
+    """out_dtype (float32, bfloat16): the same float32 result as one store, and its bfloat16
+    rounding bit for bit, from the skinny kernel's epilogue (decode rows) and from a sequence's
+    product."""
+    import cupy
+
+    (x, gx), (r, gr) = pair(rng, 400, 2048), pair(rng, 400, 2048)
+    w, gw = bf16_pair(rng, 2048, 2048, scale=0.05)
+    x16 = tk.weights.to_bf16(gx)
+    for m in (1, 7, 64, 100):
+        one = tk.linear(x16[:m].copy(), gw, residual=gr[:m].copy())
+        y, y16 = tk.linear(x16[:m].copy(), gw, residual=gr[:m].copy(), out_dtype=(np.float32, tk.weights.BF16))
+        assert cupy.array_equal(y, one), m
+        assert y16.dtype == tk.weights.BF16 and cupy.array_equal(y16.view(cupy.uint16),
+                                                                 tk.weights.to_bf16(one).view(cupy.uint16)), m
+    seq = tk.linear(x16[None], gw, residual=gr[None], out_dtype=(np.float32, tk.weights.BF16))
+    assert cupy.array_equal(seq[1].view(cupy.uint16), tk.weights.to_bf16(seq[0]).view(cupy.uint16))
+    assert rel_err(seq[0][0], r.astype(np.float64) + tk.weights.widen(x16.get()).astype(np.float64) @ w.T) <= TF32
 
 
 @pytest.mark.parametrize("bsz,hq,hkv,d", [(2, 12, 12, 64), (8, 16, 4, 128), (64, 16, 4, 128), (3, 4, 1, 64)])

@@ -47,6 +47,29 @@ def test_linear_with_norm_swiglu_and_residual(rng, n):
     assert out.dtype == np.float32 and out.shape == (3, 7, n // 2) and rel_err(out, ref) <= 1e-6
 
 
+def test_linear_stores_a_residual_stream_twice_and_norms_take_bfloat16(rng):
+    """out_dtype (float32, bfloat16): the result and its bfloat16 rounding (a residual stream
+    and what its next normed product reads); one dtype twice: the result twice. The norms and
+    a normed product take bfloat16 x as its float32 widening."""
+    bf16 = tk.weights.BF16
+    x, w, r = f32(rng, 2, 5, 33), f32(rng, 7, 33, scale=0.3), f32(rng, 2, 5, 7)
+    one = tk.linear(x, w, residual=r)
+    y, y16 = tk.linear(x, w, residual=r, out_dtype=(np.float32, bf16))
+    np.testing.assert_array_equal(y, one)
+    assert y16.dtype == bf16
+    np.testing.assert_array_equal(y16, one.astype(bf16))
+    for a in tk.linear(x, w, residual=r, out_dtype=(np.float32, np.float32)):
+        np.testing.assert_array_equal(a, one)
+    with pytest.raises(ValueError, match="out_dtype: a pair is"):
+        tk.linear(x, w, out_dtype=(bf16, np.float32))
+    wide = y16.astype(np.float32)
+    nw = f32(rng, 7)
+    np.testing.assert_array_equal(tk.rmsnorm(y16, nw), tk.rmsnorm(wide, nw))
+    np.testing.assert_array_equal(tk.layernorm(y16, nw, nw), tk.layernorm(wide, nw, nw))
+    np.testing.assert_array_equal(tk.linear(y16, w.T.copy(), norm=tk.RMSNorm(nw)),
+                                  tk.linear(wide, w.T.copy(), norm=tk.RMSNorm(nw)))
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_gelu_silu_swiglu(rng, n):
     x, u = f32(rng, n, scale=4.0), f32(rng, n)

@@ -22,7 +22,7 @@ def test_numpy_in_numpy_out():
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: tk.layernorm(x.astype(np.float64), w, w), "x: expected dtype float32, got float64"),
+    (lambda: tk.layernorm(x.astype(np.float64), w, w), "x: expected dtype float32 or bfloat16, got float64"),
     (lambda: tk.layernorm(x, np.ones(7, np.float32), w), r"weight: expected shape \(8\), got \(7,\)"),
     (lambda: tk.rmsnorm(x[:, ::2], w[:4]), "x: expected a C-contiguous array"),
     (lambda: tk.linear(x, np.ones((3, 7), np.float32)), r"weight: expected shape \(\*, 8\)"),

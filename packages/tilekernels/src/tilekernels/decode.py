@@ -61,33 +61,52 @@ def group_rows(group: int) -> int:
     return max(16, 1 << max(0, group - 1).bit_length())
 
 
+def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int,
+              MMA: int):
+    """Tile helper: the softmax state (m, l, acc) with key tile j (TILE_N keys from key j * TILE_N) of
+    the row's cached keys kstart .. tk - 1 folded in."""
+    k = operand(ct.reshape(ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
+                                   padding_mode=ct.PaddingMode.ZERO), (D, TILE_N)), MMA)
+    v = operand(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
+                                   padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)), MMA)
+    s = mma(qm, k, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA) * scale_log2
+    # masks on every tile in TF32 mode (only past the row's ends: GLM-ASR at batch 64 47.1 ->
+    # 50.4 us there), on the tiles past the row's ends in BF16 mode (measured so)
+    if MMA != BF16_MMA or ((j + 1) * TILE_N > tk) | (j * TILE_N < kstart):
+        cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
+        keys = ct.arange(TILE_N, dtype=ct.int32)[:, None]
+        s = ct.where((j * TILE_N + cols < tk) & (j * TILE_N + cols >= kstart), s, NEG_INF)
+        # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
+        v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v,
+                     ct.full((TILE_N, D), 0.0, dtype=v.dtype))
+    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
+    p = ct.exp2(s - m_safe)
+    alpha = ct.exp2(m - m_safe)
+    acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
+    return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
+
+
 def chunk_state(K, V, qm, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int, MMA: int):
     """Tile helper: the softmax state (m, l, acc; log2 units) of the query tile qm over key
-    tiles lo .. hi - 1 of the row's cached keys kstart .. tk - 1."""
+    tiles lo .. hi - 1 of the row's cached keys kstart .. tk - 1. In BF16 mode a row's last tile
+    is read at half width where its keys fit in it: the bytes read follow the row's length (a
+    30 s window's ~420 keys: 448 rather than 512). Where a row's tiles split depends on its own
+    keys only, so its bits do not depend on the rows beside it."""
     m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
     l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
     acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
-    cols = ct.arange(TILE_N, dtype=ct.int32)[None, :]
-    keys = ct.arange(TILE_N, dtype=ct.int32)[:, None]
-    for j in range(lo, hi):
-        k = operand(ct.reshape(ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
-                                       padding_mode=ct.PaddingMode.ZERO), (D, TILE_N)), MMA)
-        v = operand(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
-                                       padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)), MMA)
-        s = mma(qm, k, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA) * scale_log2
-        # masks on every tile in TF32 mode (only past the row's ends: GLM-ASR at batch 64 47.1 ->
-        # 50.4 us there), on the tiles past the row's ends in BF16 mode (measured so)
-        if MMA != BF16_MMA or ((j + 1) * TILE_N > tk) | (j * TILE_N < kstart):
-            s = ct.where((j * TILE_N + cols < tk) & (j * TILE_N + cols >= kstart), s, NEG_INF)
-            # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
-            v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v,
-                         ct.full((TILE_N, D), 0.0, dtype=v.dtype))
-        m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-        m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
-        p = ct.exp2(s - m_safe)
-        alpha = ct.exp2(m - m_safe)
-        acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
-        m, l = m_new, l * alpha + ct.sum(p, axis=1, keepdims=True)
+    HALF_N = TILE_N // 2
+    full = hi
+    if MMA == BF16_MMA:
+        if (hi > lo) & (hi * TILE_N >= tk) & (tk - (hi - 1) * TILE_N <= HALF_N):
+            full = hi - 1
+    for j in range(lo, full):
+        m, l, acc = fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2, D, TILE_G, TILE_N, MMA)
+    if MMA == BF16_MMA:
+        if full < hi:
+            m, l, acc = fold_tile(K, V, qm, m, l, acc, b, kvh, 2 * full, kstart, tk, scale_log2, D, TILE_G, HALF_N,
+                                  MMA)
     return m, l, acc
 
 

@@ -123,8 +123,8 @@ def residual_tile(R, bm, bn, TILE_M: int, TILE_N: int, RESID: bool):
 def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU: bool, RESID: bool, NORM: int,
              TMA: bool = True):
     """Store res + act(acc [* rstd] + bias) [* up] as output tile (bm, bn) (bias and res from
-    bias_tile and residual_tile), rounded to bfloat16 for a bfloat16 Y. TMA=False stores
-    plainly (a skinny block's small tile)."""
+    bias_tile and residual_tile), rounded to bfloat16 for a bfloat16 Y, and return it in float32.
+    TMA=False stores plainly (a skinny block's small tile)."""
     if NORM != NO_NORM:
         acc = acc * rstd
         up = up * rstd
@@ -136,6 +136,7 @@ def epilogue(acc, up, rstd, bias, res, Y, bm, bn, HAS_BIAS: bool, ACT: int, GLU:
     if RESID:
         acc = acc + res
     ct.store(Y, index=(bm, bn), tile=like(Y, acc), allow_tma=TMA)
+    return acc
 
 
 def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
@@ -169,9 +170,10 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K:
 
 
 @ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
-def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
+def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
-                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt):
+                  RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt,
+                  TWO: ConstBool):
     """Up to TILE_M rows of x (batched decode: M = 2..128) against TILE_N weight rows over one
     K range (axis 2 of the grid): the weight tile is the mma's A operand (TILE_N, TILE_K), x
     transposed the B operand, so N fills the tensor-core M and one pass over the weights serves
@@ -181,7 +183,8 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
     them MERGE_LOADS at a time and adds them in split order, so the result is the same on every
     run, and applies the epilogue.
     Axis 0 is the row blocks (64 and 128 rows): the blocks of one weight tile run side by side,
-    the second reading it from L2 rather than HBM."""
+    the second reading it from L2 rather than HBM. TWO: the result is stored in Y2 too (a residual
+    stream kept in float32 and in bfloat16 for the normed product it feeds)."""
     bm = ct.bid(0)
     bn = ct.bid(1)
     split = ct.bid(2)
@@ -243,9 +246,11 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, P, P2, S, C, eps: float, k_tiles_per_
                         s1, s2 = s1 + ct.where(mine, own1, t1), s2 + ct.where(mine, own2s, t2)
             reset_count(C, tile)
     if done:
-        epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
-                 bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm, bn,
-                 HAS_BIAS, ACT, GLU, RESID, NORM, False)
+        y = epilogue(ct.transpose(acc), ct.transpose(acc2), norm_scale(s1, s2, X.shape[1], eps),
+                     bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm,
+                     bn, HAS_BIAS, ACT, GLU, RESID, NORM, False)
+        if TWO:
+            ct.store(Y2, index=(bm, bn), tile=like(Y2, y), allow_tma=False)
 
 
 def _grouped(tile_id, num_m, num_n):
@@ -462,7 +467,8 @@ linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
 skinny_kernel_one_an_sm = skinny_kernel.replace_hints(occupancy=None)
 
 
-def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
+def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None):
+    """The GPU product; `also`: a second dtype the result is stored in too (returned second)."""
     import cupy
 
     k = x.shape[-1]
@@ -470,8 +476,11 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
     y = empty(cupy, (m, n), out_dtype)
+    two = also is not None and np.dtype(also) != y.dtype       # (float32, bfloat16)
+    y2 = empty(cupy, (m, n), also) if two else y
     if m == 0:
-        return y.reshape(*x.shape[:-1], n)
+        y = y.reshape(*x.shape[:-1], n)
+        return y if also is None else (y, y2.reshape(y.shape))
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
     rms = isinstance(norm, RMSNorm)
@@ -505,7 +514,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             c = last_block_counters(n_blocks * m_blocks)
         one_an_sm = m_blocks * n_blocks * split <= sm_count()
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
-               (x2, w, w2, g, b, r, y, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split))
+               (x2, w, w2, g, b, r, y, y2, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split, two))
+        two = False
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
@@ -517,7 +527,10 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype):
             launch(grid, kernel, (x2, w, w2, b, r, part, per, tm, tn, tk, False, 0, False, False, True, mode))
             launch((m, -(-n // REDUCE_TILE), 1), splitk_reduce_kernel,
                    (part, b, r, y, REDUCE_TILE, flags[0], act, flags[3]))
-    return y.reshape(*x.shape[:-1], n)
+    if two:         # a sequence's product: the second copy in one pass of its own
+        y2 = to_bf16(y)
+    y = y.reshape(*x.shape[:-1], n)
+    return y if also is None else (y, y2.reshape(y.shape))
 
 
 def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNorm | RMSNorm | None = None,
@@ -530,7 +543,9 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     RMSNorm or a LayerNorm without parameters (see fold_norm) themselves, otherwise it runs first.
     residual: (..., N_out), added last.
     x may be bfloat16 (a product's input kept so by precision 'medium'); out_dtype float32 or
-    bfloat16 (the result rounded as it is stored, for a next product that takes bfloat16).
+    bfloat16 (the result rounded as it is stored, for a next product that takes bfloat16), or a
+    pair of them, (float32, bfloat16) or one dtype twice: the result in both, returned as a pair
+    (a residual stream kept in float32 whose next normed product reads half the bytes).
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
         raise TypeError(f"norm: expected a LayerNorm or RMSNorm, got {type(norm).__name__}")
@@ -541,6 +556,11 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     act = SILU if glu else activation_code(activation)
     check("x", x, ndim=tuple(range(1, 8)), dtype=WEIGHT_DTYPES)
     check("weight", weight, shape=(None, x.shape[-1]), dtype=WEIGHT_DTYPES)
+    also = None
+    if isinstance(out_dtype, (tuple, list)):
+        out_dtype, also = (result_dtype(d) for d in out_dtype)
+        if also not in (out_dtype, BF16):
+            raise ValueError(f"out_dtype: a pair is (float32, bfloat16) or one dtype twice, got {out_dtype}, {also}")
     out_dtype = result_dtype(out_dtype)
     n = weight.shape[0]
     if glu:
@@ -558,5 +578,6 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     if residual is not None:
         check("residual", residual, shape=(*x.shape[:-1], n))
     if kind == "numpy":
-        return linear_reference(x, weight, bias, activation, norm, residual, out_dtype)
-    return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype)
+        y = linear_reference(x, weight, bias, activation, norm, residual)
+        return y.astype(out_dtype, copy=False) if also is None else (y.astype(out_dtype), y.astype(also))
+    return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also)

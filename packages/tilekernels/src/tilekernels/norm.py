@@ -14,7 +14,7 @@ import cuda.tile as ct
 import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
-from .weights import empty, like, result_dtype
+from .weights import WEIGHT_DTYPES, empty, f32, like, result_dtype, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -46,7 +46,7 @@ def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: Co
     the rows a block holds are too few to amortise a TMA round trip."""
     inputs_ready()
     i = ct.bid(0)
-    x = ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False)
+    x = f32(ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False))
     if RMS:
         y = x * ct.rsqrt(ct.sum(x * x, axis=1, keepdims=True) * inv_n + eps)
     else:
@@ -87,7 +87,7 @@ def _norm_cupy(x, weight, bias, eps, rms, out_dtype):
 def _validate(x, weight, bias, out_dtype):
     kind = backend(x=x, weight=weight, bias=bias)
     result_dtype(out_dtype)
-    check("x", x, ndim=tuple(range(1, 8)))
+    check("x", x, ndim=tuple(range(1, 8)), dtype=WEIGHT_DTYPES)
     n = x.shape[-1]
     if n > MAX_DIM:
         raise ValueError(f"x: last dimension at most {MAX_DIM} supported, got {n}")
@@ -100,19 +100,20 @@ def _validate(x, weight, bias, out_dtype):
 
 
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, out_dtype=np.float32):
-    """LayerNorm over the last axis: (x - mean) / sqrt(var + eps) [* weight + bias], stored in
-    out_dtype (float32, or bfloat16 for a product that takes bfloat16 inputs)."""
+    """LayerNorm over the last axis of x (float32 or bfloat16): (x - mean) / sqrt(var + eps)
+    [* weight + bias], stored in out_dtype (float32, or bfloat16 for a product that takes bfloat16 inputs)."""
     if _validate(x, weight, bias, out_dtype) == "numpy":
-        return layernorm_reference(x, weight, bias, eps).astype(out_dtype)
+        return layernorm_reference(widen(x), weight, bias, eps).astype(out_dtype)
     if weight is not None and bias is None:        # the kernel's affine step adds a bias
         bias = array_module(weight).zeros_like(weight)
     return _norm_cupy(x, weight, bias, eps, False, out_dtype)
 
 
 def rmsnorm(x, weight=None, eps: float = 1e-6, out_dtype=np.float32):
-    """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) [* weight], stored in out_dtype."""
+    """RMSNorm over the last axis of x (float32 or bfloat16): x / sqrt(mean(x^2) + eps) [* weight],
+    stored in out_dtype."""
     if _validate(x, weight, None, out_dtype) == "numpy":
-        return rmsnorm_reference(x, weight, eps).astype(out_dtype)
+        return rmsnorm_reference(widen(x), weight, eps).astype(out_dtype)
     return _norm_cupy(x, weight, None, eps, True, out_dtype)
 
 
