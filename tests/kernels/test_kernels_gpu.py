@@ -366,9 +366,8 @@ def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
 
 
 def test_residual_stream_stored_twice(poisoned, rng):
-    """out_dtype (float32, bfloat16): the same float32 result as one store, and its bfloat16
-    rounding bit for bit, from the skinny kernel's epilogue (decode rows) and from a sequence's
-    product."""
+    """out_dtype (float32, bfloat16): the float32 result and its bfloat16 rounding, bit for bit,
+    from the skinny kernel (decode rows) and a sequence's product."""
     import cupy
 
     (x, gx), (r, gr) = pair(rng, 400, 2048), pair(rng, 400, 2048)

@@ -48,9 +48,8 @@ def test_linear_with_norm_swiglu_and_residual(rng, n):
 
 
 def test_linear_stores_a_residual_stream_twice_and_norms_take_bfloat16(rng):
-    """out_dtype (float32, bfloat16): the result and its bfloat16 rounding (a residual stream
-    and what its next normed product reads); one dtype twice: the result twice. The norms and
-    a normed product take bfloat16 x as its float32 widening."""
+    """out_dtype (float32, bfloat16): the result and its bfloat16 rounding; one dtype twice: the
+    result twice. Norms and normed products take bfloat16 x as its float32 widening."""
     bf16 = tk.weights.BF16
     x, w, r = f32(rng, 2, 5, 33), f32(rng, 7, 33, scale=0.3), f32(rng, 2, 5, 7)
     one = tk.linear(x, w, residual=r)

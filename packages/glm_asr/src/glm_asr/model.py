@@ -102,10 +102,9 @@ class GlmAsr:
     def to(self, device: str) -> "GlmAsr":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). On the GPU the text decoder's
         matrices, which every decode step streams, stay bfloat16 when the checkpoint's are (exact,
-        half the bytes: GLM-ASR decode 2244 -> 1730 us a token on an H100); the encoder's too at
-        precision bf16 (tk matmul precision 'medium'), whose products then take bfloat16 inputs,
-        and float32 otherwise, whose TF32 products ran slower widening bfloat16 tiles (12.4 -> 13.8
-        ms a window, prefill-profile-glm-asr-w1-h100-bf16-encoder.json at 4f7986f)."""
+        half the bytes); the encoder's too at precision bf16 (tk matmul precision 'medium'), whose
+        products then take bfloat16 inputs, and float32 otherwise (TF32 products ran slower
+        widening bfloat16 tiles)."""
         text = ("decoder", "embed", "lm_head", "norm")
         whole = tk.get_matmul_precision() == "medium"
         moved = move_weights({k: v for k, v in self.w.items() if k not in text}, device, compact=whole)

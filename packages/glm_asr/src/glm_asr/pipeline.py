@@ -36,9 +36,8 @@ READERS = 8                # files read at once (CPU threads): as many as the VA
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
 WINDOW_PROMPT = 512        # tokens a full window's prompt takes at most (375 audio + instruction)
-SLOT_POSITIONS = 1024      # a window's prompt and its new tokens (30 s of speech: ~100-300): twice as
-                           # many slots as 2,048 left decode attention's blocks past every row's end (the
-                           # decoder step at batch 64 3.69 -> 3.55 ms, H100) and half the KV cache's memory
+SLOT_POSITIONS = 1024      # a window's prompt and its new tokens (30 s of speech: ~100-300); 2,048 cost
+                           # decode attention blocks past every row's end and twice the KV cache's memory
 POLL_S = 0.001             # the wait for a window while the GPU is still encoding
 _END = object()             # a source iterator's end
 

@@ -50,8 +50,7 @@ WARMUP_S = 1.0              # the overlap of a block with the one before it
 MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted work)
 BATCH = 32                  # blocks stepped together (rows of one LSTM step)
 DEVICE_FRAMES = 16384       # frames encoded at once on the GPU (~15 KB each of temporaries)
-CHUNK = 256                 # frames of each block encoded at once (32: 0.55 s instead of 0.35 s for 64 files of
-                            # 29 s on the H100 host's 8 VAD processes, though faster on a 2-core machine)
+CHUNK = 256                 # frames of each block encoded at once (32 was slower on the H100 host)
 MAX_WINDOW_S = 30.0         # the encoder's window
 MODEL_PATH = Path(__file__).resolve().parent / "data" / "silero_vad_16k.safetensors"  # tools/convert_silero.py
 
@@ -531,9 +530,8 @@ def start_workers() -> None:
 
 def pooled_probs(samples: np.ndarray) -> np.ndarray:
     """speech_probs in one of a few worker processes. Silero's LSTM steps in Python a frame; in the
-    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL, which made VAD
-    take 10x the bulk benchmark's GPU time (onnxruntime's session then: 64 files of 29 s, 15.7 s
-    against 1.4 s, H100 host).
+    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL (VAD took 10x
+    the bulk benchmark's GPU time).
     A daemonic process (a Dask worker) may not start children, and a script without a __main__
     guard cannot spawn them: there it runs here."""
     global _POOL

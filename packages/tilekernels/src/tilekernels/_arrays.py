@@ -125,7 +125,7 @@ class _DeviceArg:
 
     cupy's own interface names its stream, which makes the consumer synchronise on it at
     every launch; the kernels run on that same stream, so the plain description is
-    equivalent and measured 40% cheaper per launch on an H200 (tools/launch_overhead.py at 4f7986f).
+    equivalent and 40% cheaper per launch (H200).
     """
     __slots__ = ("__cuda_array_interface__",)
 
@@ -214,8 +214,8 @@ def inputs_ready() -> None:
     weights may be loaded before it): let the next kernel start launching, then wait until the
     kernels before this one have finished and their writes are visible. Releasing the next
     kernel before the wait rather than after lets its blocks start their weight loads a kernel
-    earlier (the next kernel still waits for this one to finish): measured 2.42 -> 2.20 us a
-    kernel in a dependent chain (tools/launch_overhead.py at 4f7986f), 363 -> 352 us a GPT-2 step."""
+    earlier (the next kernel still waits for this one to finish): 2.42 -> 2.20 us a kernel in a
+    dependent chain."""
     release_dependents()
     wait_for_inputs()
 

@@ -84,8 +84,7 @@ def apply_activation_reference(x: np.ndarray, activation: str | None) -> np.ndar
 # ---------------------------------------------------------------- tile functions
 def fast_div(x, y):
     """x / y to 2 ulp (div.full: one reciprocal and a multiply). The IEEE-rounded division
-    branches to a slow path per element, which serialises a tile epilogue: exact GELU on
-    the encoder's fc1 cost 46 us over the plain product, measured on an H100."""
+    branches to a slow path per element, which serialises a tile epilogue."""
     return ct.truediv(x, y, rounding_mode=ct.RoundingMode.FULL)
 
 

@@ -42,9 +42,8 @@ class Block:
         b, t, _ = x.shape
         y = attend(linear(x, *self.qkv, norm=self.norm1, out_dtype=qkv_dtype), out_dtype=input_dtype(self.o[0]))
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
-        # a decode step keeps the residual stream in float32 and as fc1 takes it: fc1's blocks, each
-        # streaming x beside its weight tile, then read bfloat16 where it multiplies in bfloat16
-        # (GLM-ASR's gate/up at 64 rows 28.0 -> 25.8 us); a sequence's norm runs first, on its own
+        # a decode step keeps the residual stream in float32 and as fc1 takes it: fc1's blocks each
+        # stream x beside a weight tile, bfloat16 where fc1 multiplies so (a sequence's norm runs first)
         x, xn = linear(y, *self.o, residual=x, out_dtype=(np.float32, input_dtype(self.fc1[0]) if t == 1 else x.dtype))
         h = linear(xn, *self.fc1, activation=self.activation, norm=self.norm2,
                    out_dtype=input_dtype(self.fc2[0]))      # bfloat16 where fc2 takes it so

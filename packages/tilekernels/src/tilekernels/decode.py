@@ -45,8 +45,7 @@ def tile_keys(d: int, itemsize: int, mode: int = TF32) -> int:
     """Keys a tile: 16 KB of keys as stored, at most 64 bfloat16 ones (D = 128 tiles of 128
     float32 keys spilled registers). 16 at 'highest' (TF32X3): 32-key tiles at D = 128 came out
     wrong there (relative error 0.2-0.7; 16 keys: 1e-6). BF16 mode (a bfloat16 cache at
-    'medium'): square tiles up to 32 KB, GLM-ASR's 128 keys at batch 1 / 64 11.8 / 47.1 -> 8.7 /
-    38.5 us, gpt2's 64 at batch 64 28.6 -> 22.5 (H100; docs/performance.md)."""
+    'medium'): square tiles up to 32 KB (GLM-ASR's 128 keys, gpt2's 64)."""
     if mode == TF32X3:
         return 16
     if mode == BF16_MMA:
@@ -90,9 +89,8 @@ def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: 
 def chunk_state(K, V, qm, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int, MMA: int):
     """Tile helper: the softmax state (m, l, acc; log2 units) of the query tile qm over key
     tiles lo .. hi - 1 of the row's cached keys kstart .. tk - 1. In BF16 mode a row's last tile
-    is read at half width where its keys fit in it: the bytes read follow the row's length (a
-    30 s window's ~420 keys: 448 rather than 512). Where a row's tiles split depends on its own
-    keys only, so its bits do not depend on the rows beside it."""
+    is read at half width where its keys fit (a 30 s window's ~420 keys: 448 read, not 512); it
+    depends on the row's own length, so a row's bits do not depend on the rows beside it."""
     m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
     l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
     acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
@@ -246,9 +244,8 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 
 # Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint). A
 # bfloat16 cache: one while each pair's blocks, two chunks a pair, fit the SMs one each, else
-# two, or four at D <= 64 past two pairs an SM (GLM-ASR at batch 64, one / two / four: 64.8 /
-# 45.7 / 57.3 us; H100). A float32 cache keeps one (at two the merged output at D = 128 came out
-# wrong now and then under cuda.tile 1.7.0's first compiler).
+# two, or four at D <= 64 past two pairs an SM. A float32 cache keeps one (at two the merged
+# output at D = 128 came out wrong now and then under tileiras 13.4.92).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
@@ -256,9 +253,7 @@ decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 def chunks_a_block(pairs: int, sms: int) -> int:
     """Chunks of a (sequence, KV head) pair a block folds: one while the pairs leave SMs idle,
     two (the kernel's pairs of chunks: the same bits) once they fill them: fewer blocks and
-    merges. GLM-ASR's heads (two chunks a 30 s window) at batch 64 / 128: 38.5 / 69.1 -> 32.0 /
-    57.5 us, gpt2's at batch 32 / 64 / 128 (8-700 keys) 21.2 / 41.5 / 77.0 -> 20.2 / 38.0 / 69.4
-    (H100)."""
+    merges."""
     return 2 if pairs >= sms else 1
 
 

@@ -152,9 +152,8 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
 def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
                  SCALE: bool, MMA: int):
     """Fold K chunk k into the (TILE_N, TILE_M) accumulators and the norm's sums e1, e2, kept
-    elementwise (TILE_M, TILE_K) and reduced once after the last chunk: a block reduction a
-    chunk (shuffles and barriers) held every chunk's mma back, GLM-ASR's gate/up at 1 / 64
-    rows 28.3 / 40.5 -> 21.7 / 27.1 us (H100, docs/performance.md)."""
+    elementwise (TILE_M, TILE_K) and reduced once after the last chunk (a block reduction a
+    chunk held every chunk's mma back)."""
     x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
     if MMA == BF16_MMA and NORM == NO_NORM and X.dtype == ct.uint16:
         xt = ct.transpose(bf16(x))      # bfloat16 as stored: the operand, never widened
@@ -320,20 +319,16 @@ GLU_LARGE_M = (128, 64, 32)  # two accumulators
 BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
 BF16_GLU_LARGE_M = (128, 64, 64)
 # weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk;
-# twice the rows for bfloat16 weights of at least WIDE_N outputs: GLM-ASR's gate/up at 1 / 64 rows
-# 37.8 / 72.1 -> 31.8 / 56.4 us, its vocabulary head 100 / 261 -> 83 / 150 us, where its qkv (3,072)
-# and down (2,048) projections ran slower (H100, tileiras 13.5.37, bfloat16 MMA)
+# twice the rows for bfloat16 weights of at least WIDE_N outputs (GLM-ASR's gate/up and vocabulary head
+# faster, its qkv and down slower; H100)
 SKINNY_N, SKINNY_GLU_N = 64, 32
 WIDE_N = 4096
 # half_rows_finish_sooner: the cost of a half tile is an estimate (half the work, less reuse), not a fit
 HALF_M, HALF_M_COST = 64, 0.6
 SEQ_NARROW_N = 2048     # bf16_sequence_tiles: 64-wide tiles short of a wave up to this many outputs
 SKINNY_M = 32           # 64-row tiles summed wrong now and then (H100, H200; tileiras 13.4.92, not retried since)
-# K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128);
-# bfloat16 at 64 moved GLM-ASR's gate/up at 0.77 TB/s against 1.17 at 128 (H100, docs/performance.md).
-# A narrow bfloat16 tile that is not gated takes 256 (32 KB, as a wide or gated one streams) unless a
-# LayerNorm's two elementwise sums ride along: GLM-ASR's o / down at 1 row 9.2 / 15.2 -> 8.1 / 13.8 us,
-# gpt2's fc2 9.0 -> 7.5, where gpt2's LayerNorm products ran 0.3-0.9 us slower
+# K a chunk by the weight's bytes a value: 16 KB weight tiles of float32 (64) and of bfloat16 (128); a
+# narrow bfloat16 tile that is not gated takes 256 (32 KB) unless a LayerNorm's two sums ride along
 SKINNY_K = {4: 64, 2: 128}
 # buckets of up to this many rows launch a product's SKINNY_N-wide tiles in blocks of half the width
 # where no norm rides in the kernel (skinny_block_n)
@@ -365,10 +360,9 @@ def skinny_block_n(m: int, tile_n: int, in_kernel_norm: bool) -> int:
     NARROW_ROWS rows where no norm rides in the kernel, else the tile's. The weight tiles' K chunks
     and split points (skinny_splits, from tile_n) stay, and a 32-row tile's mma (HMMA) adds each
     output's products in the same order as a 64-row one's (HGMMA): the same bits, measured at 1-128
-    rows. Twice the blocks at one row keep more weight loads in flight: GLM-ASR's o / down at 1 row
-    7.52 / 15.0 -> 7.44 / 14.36 us, the step 2.01 -> 1.98 ms; gpt2 bf16 at batch 1 +2.4% tok/s (H100,
-    docs/performance.md). A norm's row sums add in the register layout's order, which the two mmas
-    lay out differently: other bits, so normed products keep their tiles."""
+    rows. Twice the blocks at one row keep more weight loads in flight. A norm's row sums add in
+    the register layout's order, which the two mmas lay out differently: normed products keep
+    their tiles."""
     return tile_n // 2 if m <= NARROW_ROWS and tile_n == SKINNY_N and not in_kernel_norm else tile_n
 
 
@@ -377,8 +371,7 @@ def skinny_block_k(m: int, k: int, tile_k: int, per: int, in_kernel_norm: bool) 
     256, at up to NARROW_ROWS rows where no norm rides in the kernel and the split ranges and K
     hold whole chunks of it. An mma adds a 16-wide slice of K at a time, in order, however long the
     chunk: the same bits. One round trip for a 512-wide chunk rather than two for a pair of 256-wide
-    ones: the GLM-ASR decoder step at 1 row 1.97 -> 1.91 ms, the clip 140.1 -> 138.9 ms; at 64 rows
-    2.91 -> 3.04 ms, so wider blocks keep 256 (H100, docs/performance.md)."""
+    ones (faster at 1 row, slower at 64: wider blocks keep 256)."""
     if m <= NARROW_ROWS and not in_kernel_norm and 2 * tile_k == NARROW_K and per % 2 == 0 and k % NARROW_K == 0:
         return NARROW_K, per // 2
     return tile_k, per
@@ -388,10 +381,8 @@ def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, s
     """(K tiles per split, splits) of the skinny kernel: K is cut only where the output tiles
     cover under SPLIT_BELOW of the SMs (a gated unit's block streams two weight tiles: it counts
     twice), and only as far as every split keeps MIN_SPLIT_UNITS x SKINNY_SPLIT_K of it and the
-    blocks of one row block fit the SMs, one each. A split's partial sums cost a store, a count
-    and a reload: GLM-ASR's qkv (48 tiles) in 2 splits rather than 4 at 1 / 64 rows 12.5 / 25.5
-    -> 11.5 / 17.7 us; in one rather than 2 the step at 1 / 64 rows 1.95 / 3.15 -> 1.99 / 2.97 ms
-    (H100, graphs); its o and down projections (32 tiles) stay in 4. K is cut at multiples
+    blocks of one row block fit the SMs, one each (a split's partial sums cost a store, a count
+    and a reload: GLM-ASR's qkv takes K whole, its o and down 4 splits). K is cut at multiples
     of SKINNY_SPLIT_K, so every batch bucket adds the same partial sums in the same order: a
     row's result does not depend on the rows beside it."""
     k_units = -(-k // SKINNY_SPLIT_K)
@@ -413,8 +404,8 @@ def half_rows_finish_sooner(m: int, n_tiles: int, slots: int) -> bool:
 
 def bf16_sequence_tiles(m: int, n: int, glu: bool, sms: int) -> tuple[int, int]:
     """(TILE_M, TILE_N) of a sequence's bfloat16 product: 128 x 128 from a wave of them (SMs) up;
-    short of it 128 x 64 where N <= SEQ_NARROW_N (a 450-token prompt's down 73.9 -> 46.1 us, H100,
-    docs/performance.md), else half rows where they finish sooner; a gated unit's halves 128 x 64.
+    short of it 128 x 64 where N <= SEQ_NARROW_N, else half rows where they finish sooner; a gated
+    unit's halves 128 x 64.
     A row's bits are the same in every tile (the same K chunks added in the same order)."""
     rows, wide = BF16_LARGE_M[:2]
     narrow = BF16_GLU_LARGE_M[1]
@@ -454,15 +445,10 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     return "tiles", (tm, tn, tk), per, -(-k_tiles // per)
 
 
-# bfloat16 operands measured 500 TFLOP/s two blocks an SM against 373 one (H100, 12000 x 5120 x 1280,
-# 128 x 128 x 64 tiles; TF32 299 at one): the BF16 mode launches this copy of the kernel
+# bfloat16 operands: 500 TFLOP/s two blocks an SM, 373 one (H100): the BF16 mode launches this copy
 linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
-# one block an SM while a skinny grid's blocks fit the SMs: its TMA pipeline gets the SM's shared
-# memory (GLM-ASR's qkv / o / down at 1 row 12.0 / 8.1 / 15.1 -> 11.5 / 7.8 / 14.9 us, at 32 rows
-# 17.1 / 10.3 / 18.6 -> 14.0 / 8.8 / 17.9, gpt2's qkv / fc1 at 32 rows 6.9 / 7.5 -> 5.9 / 6.5;
-# GLM-ASR's gate/up, 96 blocks of two weight tiles, at 1 row 22.2 -> 20.8 us, the step 2.05 -> 1.99
-# ms); two where more blocks than SMs take turns (at 64 rows 17.7 / 10.3 / 20.6 against 20.3 / 12.8 /
-# 29.3).
+# one block an SM while a skinny grid's blocks fit the SMs (its TMA pipeline gets the SM's shared
+# memory: faster at 1 and 32 rows), two where more blocks than SMs take turns (faster at 64 rows).
 # Without a hint the compiler emits the same SASS as for occupancy=1 (sm_90, tileiras 13.5.37).
 skinny_kernel_one_an_sm = skinny_kernel.replace_hints(occupancy=None)
 

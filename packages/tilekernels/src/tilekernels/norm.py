@@ -42,8 +42,7 @@ def rmsnorm_reference(x: np.ndarray, weight: np.ndarray | None, eps: float) -> n
 def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool,
                 AFFINE: ConstBool):
     """ROWS rows per block, each row held whole in one TILE_N tile (zero padded). Plain loads
-    and stores, not the tensor-memory path: 3.6 vs 11.5 us for 1500 x 1280 on an H100, as
-    the rows a block holds are too few to amortise a TMA round trip."""
+    and stores: a block's rows are too few to amortise a TMA round trip."""
     inputs_ready()
     i = ct.bid(0)
     x = f32(ct.load(X, index=(i, 0), shape=(ROWS, TILE_N), padding_mode=ct.PaddingMode.ZERO, allow_tma=False))

@@ -9,11 +9,10 @@ relative error in the logits); 'highest' is how to match it. 'medium': the produ
 bfloat16 weights take bfloat16 inputs, fp32 accumulation: twice TF32's tensor-core rate for
 the large products (encoders, prefills), whose inputs the kernels producing them store in
 bfloat16 (norms, the first MLP projection), and for a decode step's products no widening of
-the weight tiles, only x rounded in registers (GLM-ASR's gate/up at 64 rows 90 -> 72 us, H100).
-Attention takes bfloat16 inputs where its caller stores q, k and v so (GLM-ASR's encoder at
-'medium': 607 -> 282 us for 8 windows' heads on an H100), TF32 otherwise. The residual stream,
-every accumulation, every norm and the softmax stay float32 (torch's bf16 autocast rounds them
-all).
+the weight tiles, only x rounded in registers. Attention takes bfloat16 inputs where its caller
+stores q, k and v so, TF32 otherwise. The residual stream (of which a decode step's gate/up reads
+a bfloat16 copy), every accumulation, every norm's sums and the softmax stay float32 (torch's
+bf16 autocast rounds them all).
 """
 from __future__ import annotations
 

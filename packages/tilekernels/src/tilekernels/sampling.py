@@ -25,8 +25,7 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 ConstFloat = ct.Constant[float]
 # splits of a search pass (a power of two: 32 / log2(WAYS) passes a search) and elements a block compares
-# with all of them at once: 16 x 64 measured best of 16 settings on an H100 (tools/bench_sampling.py --splits;
-# a pass costs ~3 us plus ~0.25 us a split at batch 1; wider tiles spill registers)
+# with all of them at once: 16 x 64 measured best of 16 settings (tools/bench_sampling.py --splits)
 WAYS = 16
 SUB = 64
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1

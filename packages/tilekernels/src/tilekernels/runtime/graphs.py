@@ -22,7 +22,7 @@ from .kvcache import KVCache
 from .sampling import GREEDY, Sampler
 
 
-CHAIN = 8       # greedy steps a replay (decode-profile-gpt2-b1-h100.json at 70d8217: steps_per_graph_us_per_token)
+CHAIN = 8       # greedy steps a replay (gpt2, H100: 1 / 8 / 16 a graph 255.6 / 246.4 / 246.1 us a token)
 
 
 def step_input(ids, positions, table, pos_table):
@@ -58,8 +58,7 @@ class DecodeGraph:
     which also advances positions and span and gathers the chosen tokens' embeddings into the
     other of two input buffers, so steps chain on the device with no host work between them:
     chunks replays graphs of CHAIN steps (one graph launch and one token copy for CHAIN
-    tokens; gpt2 on an H100: 247.8 us a token against 256.6 for a graph a step,
-    decode-profile-gpt2-b1-h100.json at 70d8217).
+    tokens).
     Create and call it under a non-default cupy stream (graphs cannot capture the legacy
     default stream): see device_stream. Building it runs steps, which mark tokens in the
     sampler's seen mask: start the sampler after.
@@ -87,11 +86,10 @@ class DecodeGraph:
 
     def _warm(self) -> None:
         """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
-        it replay slower however often they run themselves: gpt2's chains 258 against 245 us a
-        token on an H100 (bench_gpt 3,846 -> 4,083 tok/s, gpt-h100.json at 70d8217). One replay of it ends that for good;
-        a replay of another graph or eager steps do not; without graph.upload the chains are
-        fast from the start, but each graph's first replay pays its upload (decode-state-gpt2-
-        b1-h100.json at 4f7986f, tools/decode_state.py at 4f7986f; why, inside the driver, is not known). The replay
+        it replay slower however often they run themselves (gpt2's chains 258 against 245 us a
+        token, H100). One replay of it ends that for good; a replay of another graph or eager
+        steps do not; without graph.upload each graph's first replay pays its upload (why, inside
+        the driver, is not known: tools/decode_state.py at 4f7986f). The replay
         writes one step's keys at the cache's next slot, which the next real step overwrites,
         and advances positions and span, which every call seeds again."""
         import cupy
