@@ -21,7 +21,7 @@ import numpy as np
 
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .activations import fast_div
-from .decode import LOG2E, NEG_INF, decode_cupy
+from .decode import LOG2E, NEG_INF, decode_cupy, online_softmax_step
 from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
 from .weights import BF16, KV_DTYPES, empty, like
 
@@ -52,19 +52,6 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     s = np.exp(s - s.max(axis=-1, keepdims=True))
     s /= s.sum(axis=-1, keepdims=True)
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32).astype(q.dtype)
-
-
-def online_softmax_step(s, v, m, l, acc, MMA):
-    """Fold one key tile (scores s, log2 units, masked entries -inf; values v (TILE_N, D), as
-    the mma takes them) into the running row max m, sum l and output acc; a row with no visible
-    key so far stays at (-inf, 0, 0). In BF16 mode the probabilities enter the product rounded
-    to bfloat16 (the sum l keeps them unrounded)."""
-    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
-    p = ct.exp2(s - m_safe)
-    alpha = ct.exp2(m - m_safe)
-    acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
-    return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
 
 
 @ct.kernel

@@ -60,6 +60,19 @@ def group_rows(group: int) -> int:
     return max(16, 1 << max(0, group - 1).bit_length())
 
 
+def online_softmax_step(s, v, m, l, acc, MMA):
+    """Fold one key tile (scores s, log2 units, masked entries -inf; values v (TILE_N, D), as
+    the mma takes them) into the running row max m, sum l and output acc; a row with no visible
+    key so far stays at (-inf, 0, 0). In BF16 mode the probabilities enter the product rounded
+    to bfloat16 (the sum l keeps them unrounded)."""
+    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
+    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
+    p = ct.exp2(s - m_safe)
+    alpha = ct.exp2(m - m_safe)
+    acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
+    return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
+
+
 def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int,
               MMA: int):
     """Tile helper: the softmax state (m, l, acc) with key tile j (TILE_N keys from key j * TILE_N) of
@@ -78,12 +91,7 @@ def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: 
         # slots outside the row's keys weigh 0; their values (stale, or never written) must not reach acc
         v = ct.where((j * TILE_N + keys < tk) & (j * TILE_N + keys >= kstart), v,
                      ct.full((TILE_N, D), 0.0, dtype=v.dtype))
-    m_new = ct.maximum(m, ct.max(s, axis=1, keepdims=True))
-    m_safe = ct.where(m_new == NEG_INF, 0.0, m_new)
-    p = ct.exp2(s - m_safe)
-    alpha = ct.exp2(m - m_safe)
-    acc = mma(ct.astype(p, ct.bfloat16) if MMA == BF16_MMA else p, v, acc * alpha, MMA)
-    return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
+    return online_softmax_step(s, v, m, l, acc, MMA)
 
 
 def chunk_state(K, V, qm, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int, MMA: int):
