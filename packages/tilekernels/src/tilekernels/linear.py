@@ -501,7 +501,6 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
         one_an_sm = m_blocks * n_blocks * split <= sm_count()
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
                (x2, w, w2, g, b, r, y, y2, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split, two))
-        two = False
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
@@ -513,7 +512,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
             launch(grid, kernel, (x2, w, w2, b, r, part, per, tm, tn, tk, False, 0, False, False, True, mode))
             launch((m, -(-n // REDUCE_TILE), 1), splitk_reduce_kernel,
                    (part, b, r, y, REDUCE_TILE, flags[0], act, flags[3]))
-    if two:         # a sequence's product: the second copy in one pass of its own
+    if two and plan[0] == "tiles":      # the second copy in one pass of its own (the skinny kernel stores it)
         y2 = to_bf16(y)
     y = y.reshape(*x.shape[:-1], n)
     return y if also is None else (y, y2.reshape(y.shape))
