@@ -12,8 +12,9 @@ the head to finish (an atomic count) merges them in chunk order: the result is t
 every run. Once the (sequence, KV head) pairs fill the SMs a block folds two chunks itself, in
 the same order and arithmetic (chunks_a_block): the same bits, fewer blocks and merges.
 
-decode_attention feeds it straight from the new token's fused QKV projection: RoPE on q and
-the new key, the new key and value stored at their slot and folded in from registers (its
+decode_attention feeds it straight from the new token's fused QKV projection: RoPE on q and the
+new key (on halves of channels where it turns all: the first key tile's load then waits for the
+row's length only), the new key and value stored at their slot and folded in from registers (its
 score summed exactly: row_dot), in the same launch (a decode step has no split_qkv kernel).
 Keys and values may be bfloat16; at precision 'medium' such a cache's products take q and the
 probabilities in bfloat16 (as flash attention does) and the result may be stored in bfloat16
@@ -73,15 +74,20 @@ def online_softmax_step(s, v, m, l, acc, MMA):
     return m_new, l * alpha + ct.sum(p, axis=1, keepdims=True), acc
 
 
-def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int,
-              MMA: int):
+def fold_tile(K, V, qm, qm2, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: int, TILE_G: int,
+              TILE_N: int, MMA: int, SPLIT: bool):
     """Tile helper: the softmax state (m, l, acc) with key tile j (TILE_N keys from key j * TILE_N) of
-    the row's cached keys kstart .. tk - 1 folded in."""
+    the row's cached keys kstart .. tk - 1 folded in; SPLIT: q as two halves of channels (qm, qm2)."""
     k = operand(ct.reshape(ct.load(K, index=(b, kvh, 0, j), shape=(1, 1, D, TILE_N), order=(0, 1, 3, 2),
                                    padding_mode=ct.PaddingMode.ZERO), (D, TILE_N)), MMA)
     v = operand(ct.reshape(ct.load(V, index=(b, kvh, j, 0), shape=(1, 1, TILE_N, D),
                                    padding_mode=ct.PaddingMode.ZERO), (TILE_N, D)), MMA)
-    s = mma(qm, k, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA) * scale_log2
+    if SPLIT:
+        ka = ct.extract(k, (0, 0), shape=(D // 2, TILE_N))
+        kb = ct.extract(k, (1, 0), shape=(D // 2, TILE_N))
+        s = mma(qm2, kb, mma(qm, ka, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA), MMA) * scale_log2
+    else:
+        s = mma(qm, k, ct.full((TILE_G, TILE_N), 0.0, dtype=ct.float32), MMA) * scale_log2
     # masks on every tile in TF32 mode (only past the row's ends: GLM-ASR at batch 64 47.1 ->
     # 50.4 us there), on the tiles past the row's ends in BF16 mode (measured so)
     if MMA != BF16_MMA or ((j + 1) * TILE_N > tk) | (j * TILE_N < kstart):
@@ -94,7 +100,8 @@ def fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2: float, D: 
     return online_softmax_step(s, v, m, l, acc, MMA)
 
 
-def chunk_state(K, V, qm, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int, MMA: int):
+def chunk_state(K, V, qm, qm2, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int, TILE_G: int, TILE_N: int,
+                MMA: int, SPLIT: bool):
     """Tile helper: the softmax state (m, l, acc; log2 units) of the query tile qm over key
     tiles lo .. hi - 1 of the row's cached keys kstart .. tk - 1. In BF16 mode a row's last tile
     is read at half width where its keys fit (a 30 s window's ~420 keys: 448 read, not 512); it
@@ -108,12 +115,21 @@ def chunk_state(K, V, qm, b, kvh, lo, hi, kstart, tk, scale_log2: float, D: int,
         if (hi > lo) & (hi * TILE_N >= tk) & (tk - (hi - 1) * TILE_N <= HALF_N):
             full = hi - 1
     for j in range(lo, full):
-        m, l, acc = fold_tile(K, V, qm, m, l, acc, b, kvh, j, kstart, tk, scale_log2, D, TILE_G, TILE_N, MMA)
+        m, l, acc = fold_tile(K, V, qm, qm2, m, l, acc, b, kvh, j, kstart, tk, scale_log2, D, TILE_G, TILE_N, MMA,
+                              SPLIT)
     if MMA == BF16_MMA:
         if full < hi:
-            m, l, acc = fold_tile(K, V, qm, m, l, acc, b, kvh, 2 * full, kstart, tk, scale_log2, D, TILE_G, HALF_N,
-                                  MMA)
+            m, l, acc = fold_tile(K, V, qm, qm2, m, l, acc, b, kvh, 2 * full, kstart, tk, scale_log2, D, TILE_G,
+                                  HALF_N, MMA, SPLIT)
     return m, l, acc
+
+
+def exact_grid(top):
+    """Tile helper: (2^(44 - e), 2^(e - 44)) for e the exponent of top: the fixed-point grid
+    row_dot cuts products on."""
+    e = ct.bitwise_rshift(ct.bitcast(ct.maximum(top, 1e-200), ct.int64), 52)       # its biased exponent
+    return (ct.bitcast(ct.bitwise_lshift(2090 - e, 52), ct.float64),
+            ct.bitcast(ct.bitwise_lshift(e - 44, 52), ct.float64))
 
 
 def row_dot(a, b):
@@ -122,11 +138,26 @@ def row_dot(a, b):
     two, add exactly. (A float32 sum adds in its register layout's order, which differs between
     the kernel's copies: gpt2's heads gave other bits at two blocks an SM than at four.)"""
     p = ct.astype(a, ct.float64) * ct.astype(b, ct.float64)
-    top = ct.maximum(ct.max(ct.abs(p), axis=1, keepdims=True), 1e-200)
-    e = ct.bitwise_rshift(ct.bitcast(top, ct.int64), 52)       # its biased exponent
-    up = ct.bitcast(ct.bitwise_lshift(2090 - e, 52), ct.float64)       # 2^(44 - its exponent)
-    down = ct.bitcast(ct.bitwise_lshift(e - 44, 52), ct.float64)
+    up, down = exact_grid(ct.max(ct.abs(p), axis=1, keepdims=True))
     return ct.astype(ct.sum(ct.floor(p * up), axis=1, keepdims=True) * down, ct.float32)
+
+
+def row_dot2(a, b, a2, b2):
+    """Tile helper: row_dot of the rows (a, a2) . (b, b2), their channels in two halves: the
+    same bits (one grid, that of both halves' largest product; every sum exact)."""
+    p = ct.astype(a, ct.float64) * ct.astype(b, ct.float64)
+    p2 = ct.astype(a2, ct.float64) * ct.astype(b2, ct.float64)
+    up, down = exact_grid(ct.maximum(ct.max(ct.abs(p), axis=1, keepdims=True),
+                                     ct.max(ct.abs(p2), axis=1, keepdims=True)))
+    total = ct.sum(ct.floor(p * up), axis=1, keepdims=True) + ct.sum(ct.floor(p2 * up), axis=1, keepdims=True)
+    return ct.astype(total * down, ct.float32)
+
+
+def head_rows(A, b, kvh, rows: int, width: int, part):
+    """Tile helper: rows (padded with zeros) x width channels of A[b, kvh] from channel
+    part * width: the group's query heads, or the new key or value."""
+    return ct.reshape(ct.load(A, index=(b, kvh, 0, part), shape=(1, 1, rows, width), padding_mode=ct.PaddingMode.ZERO,
+                              allow_tma=False), (rows, width))
 
 
 def merge_state(m, l, acc, ms, ls, os):
@@ -146,26 +177,33 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     bid(1) * chunks_per_block onwards of their KV head's cached keys: slots KS[b] .. KL[0] - 1.
     Chunks fold with the merge's arithmetic in one order, pairs (2i, 2i + 1) first, then pair
     after pair, so one block a chunk (the head's last block merges the others' partial states)
-    and one block a pair of chunks (chunks_per_block 2, for full grids) give the same bits,
-    from the same code. NEW: KL[0] is also the new token's slot; KN, VN (B, Hkv, 1, D) are its
-    key and value from the fused projection (as Q is), rotated with q (ROPE: tables COS, SIN
-    (1, P, HALF) at position KL[0] - KS[b]; in registers where 2 * HALF is a power of two, else
-    the partner channels gathered), folded into the last chunk, whose block stores them at slot
-    KL[0] (rounded to bfloat16 first for a bfloat16 cache, and attended to as stored). O (B, Hkv, G, D); partial
-    states PO (B, Hkv, blocks, TILE_G, D), PM, PL (B, Hkv, blocks, TILE_G) in log2 units, merged
-    by the head's last block (counted in C[bid(0)], set back to zero after). ROWS: KL (B,) holds
-    each row's own length (its keys at slots 0 .. KL[b] - 1, the engine's slots; KS unused), so
-    chunks and tiles split a row's keys at the same places wherever and whenever it runs."""
+    and one block a pair of chunks (chunks_per_block 2, for full grids) give the same bits, from the
+    same code. NEW: KL[0] is also the new token's slot; KN, VN (B, Hkv, 1, D) are its key and value
+    from the fused projection (as Q is), rotated with q (ROPE: tables COS, SIN (1, P, HALF) at
+    position KL[0] - KS[b]; where 2 * HALF = D on halves of channels loaded apart, in registers
+    where 2 * HALF is a power of two, else the partner channels gathered), folded into the last
+    chunk, whose block stores them at slot KL[0] (rounded to bfloat16 first for a bfloat16 cache,
+    and attended to as stored). O (B, Hkv, G, D); partial states PO (B, Hkv, blocks, TILE_G, D), PM,
+    PL (B, Hkv, blocks, TILE_G) in log2 units, merged by the head's last block (counted in
+    C[bid(0)], set back to zero after). ROWS: KL (B,) holds each row's own length (its keys at slots
+    0 .. KL[b] - 1, the engine's slots; KS unused), so chunks and tiles split a row's keys at the
+    same places wherever and whenever it runs."""
     bh = ct.bid(0)
     blk = ct.bid(1)
     b = bh // K.shape[1]
     kvh = bh % K.shape[1]
     inputs_ready()
+    # RoPE over all channels on halves of channels: whole tiles rotated through shared memory, and
+    # the first key tile's load waited for that (SASS; GLM-ASR at 64 rows 29.8 -> 27.8 us alone)
+    SPLIT = ROPE and 2 * HALF == D
+    DH = D // 2
     # q and the new key and value load with the row's length: one round trip, not two (SASS)
-    q = ct.reshape(ct.load(Q, index=(b, kvh, 0, 0), shape=(1, 1, TILE_G, D), padding_mode=ct.PaddingMode.ZERO,
-                           allow_tma=False), (TILE_G, D))
-    kn = ct.reshape(ct.load(KN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
-    vn = ct.reshape(ct.load(VN, index=(b, kvh, 0, 0), shape=(1, 1, 1, D), allow_tma=False), (1, D))
+    W = DH if SPLIT else D
+    q, kn = head_rows(Q, b, kvh, TILE_G, W, 0), head_rows(KN, b, kvh, 1, W, 0)
+    q2, kn2 = q, kn
+    if SPLIT:
+        q2, kn2 = head_rows(Q, b, kvh, TILE_G, W, 1), head_rows(KN, b, kvh, 1, W, 1)
+    vn = head_rows(VN, b, kvh, 1, D, 0)
     if ROWS:
         tk = ct.astype(ct.load(KL, index=(b,), shape=()), ct.int32)
         kstart = 0
@@ -182,7 +220,12 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
         rows = ct.arange(TILE_G, dtype=ct.int32)[:, None]
         c = ct.arange(D, dtype=ct.int32)[None, :]
         position = max(tk - kstart, 0)
-        if ROPE:
+        if SPLIT:
+            f = ct.arange(DH, dtype=ct.int32)[None, :]
+            cos, sin = ct.gather(COS, (0, position, f)), ct.gather(SIN, (0, position, f))
+            q, q2 = q * cos - q2 * sin, q2 * cos + q * sin
+            kn, kn2 = kn * cos - kn2 * sin, kn2 * cos + kn * sin
+        elif ROPE:
             if ((2 * HALF) & (2 * HALF - 1)) == 0:      # padding rows of q are zeros, rotated to zeros
                 f = ct.arange(HALF, dtype=ct.int32)[None, :]
                 cos, sin = ct.gather(COS, (0, position, f)), ct.gather(SIN, (0, position, f))
@@ -191,19 +234,22 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
                 q = rotate_half(Q, q, b, kvh, ct.minimum(rows, Q.shape[2] - 1), c, COS, SIN, 0, position, HALF)
                 kn = rotate_half(KN, kn, b, kvh, 0, c, COS, SIN, 0, position, HALF)
         if K.dtype == ct.uint16:        # a bfloat16 cache: attend to the new key as it is stored
-            kn, vn = f32(narrow(kn)), f32(narrow(vn))
-        qm = q
+            kn, kn2, vn = f32(narrow(kn)), f32(narrow(kn2)), f32(narrow(vn))
+        qm, qm2 = q, q2
         if MMA == BF16_MMA:     # q as the products take it (the new key's score below too)
-            qm = ct.astype(q, ct.bfloat16)
-            q = f32(qm)
-        sn = row_dot(q, kn) * scale_log2        # the new key's score (used by the last chunk's block)
+            qm, qm2 = ct.astype(q, ct.bfloat16), ct.astype(q2, ct.bfloat16)
+            q, q2 = f32(qm), f32(qm2)
+        if SPLIT:               # the new key's score (used by the last chunk's block)
+            sn = row_dot2(q, kn, q2, kn2) * scale_log2
+        else:
+            sn = row_dot(q, kn) * scale_log2
         m = ct.full((TILE_G, 1), NEG_INF, dtype=ct.float32)
         l = ct.full((TILE_G, 1), 0.0, dtype=ct.float32)
         acc = ct.full((TILE_G, D), 0.0, dtype=ct.float32)
         for s_ in range(lo, hi + 1):
-            ms, ls, os = chunk_state(K, V, qm, b, kvh, max(s_ * tiles_per_chunk, kstart // TILE_N),
+            ms, ls, os = chunk_state(K, V, qm, qm2, b, kvh, max(s_ * tiles_per_chunk, kstart // TILE_N),
                                      min((s_ + 1) * tiles_per_chunk, ct.cdiv(tk, TILE_N)), kstart, tk, scale_log2,
-                                     D, TILE_G, TILE_N, MMA)
+                                     D, TILE_G, TILE_N, MMA, SPLIT)
             if NEW:
                 if s_ == last:
                     m_new = ct.maximum(ms, sn)
@@ -213,7 +259,11 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
             m, l, acc = merge_state(m, l, acc, ms, ls, os)
         if NEW:
             if hi == last:
-                ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(like(K, kn), (1, 1, 1, D)), allow_tma=False)
+                if SPLIT:
+                    ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(like(K, kn), (1, 1, 1, DH)), allow_tma=False)
+                    ct.store(K, index=(b, kvh, tk, 1), tile=ct.reshape(like(K, kn2), (1, 1, 1, DH)), allow_tma=False)
+                else:
+                    ct.store(K, index=(b, kvh, tk, 0), tile=ct.reshape(like(K, kn), (1, 1, 1, D)), allow_tma=False)
                 ct.store(V, index=(b, kvh, tk, 0), tile=ct.reshape(like(V, vn), (1, 1, 1, D)), allow_tma=False)
         g_first, g_last = first // chunks_per_block, last // chunks_per_block
         if g_first == g_last:
