@@ -154,8 +154,10 @@ def row_dot2(a, b, a2, b2):
 
 
 def head_rows(A, b, kvh, rows: int, width: int, part):
-    """Tile helper: rows (padded with zeros) x width channels of A[b, kvh] from channel
-    part * width: the group's query heads, or the new key or value."""
+    """Tile helper: rows x width channels of A[b, kvh] from channel part * width: the group's
+    query heads (padded with zeros to the tile's rows), or the new key or value (one row)."""
+    if rows == 1:
+        return ct.reshape(ct.load(A, index=(b, kvh, 0, part), shape=(1, 1, 1, width), allow_tma=False), (1, width))
     return ct.reshape(ct.load(A, index=(b, kvh, 0, part), shape=(1, 1, rows, width), padding_mode=ct.PaddingMode.ZERO,
                               allow_tma=False), (rows, width))
 
@@ -199,10 +201,12 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
     DH = D // 2
     # q and the new key and value load with the row's length: one round trip, not two (SASS)
     W = DH if SPLIT else D
-    q, kn = head_rows(Q, b, kvh, TILE_G, W, 0), head_rows(KN, b, kvh, 1, W, 0)
-    q2, kn2 = q, kn
+    q = q2 = head_rows(Q, b, kvh, TILE_G, W, 0)
     if SPLIT:
-        q2, kn2 = head_rows(Q, b, kvh, TILE_G, W, 1), head_rows(KN, b, kvh, 1, W, 1)
+        q2 = head_rows(Q, b, kvh, TILE_G, W, 1)
+    kn = kn2 = head_rows(KN, b, kvh, 1, W, 0)
+    if SPLIT:
+        kn2 = head_rows(KN, b, kvh, 1, W, 1)
     vn = head_rows(VN, b, kvh, 1, D, 0)
     if ROWS:
         tk = ct.astype(ct.load(KL, index=(b,), shape=()), ct.int32)
