@@ -8,7 +8,7 @@
   because it is the fastest precision whose logits agree with transformers fp32 at least as
   well as transformers' own bfloat16 model does (gpt2: prefill 6.6e-3 against 1.2e-2, decode
   steps 9.2e-3 against 1.3e-2, gpt-parity-h100.json; GLM-ASR: 7.4e-3 against 2.3e-2, decode
-  steps 8.1e-3 against 2.5e-2, glm_asr-parity-h100.json).
+  steps 8.2e-3 against 2.5e-2, glm_asr-parity-h200.json).
 - tf32: every product on TF32 tensor cores ('high'), float32 matrices.
 - fp32: float32-accurate products (3xTF32, 'highest').
 
