@@ -1,0 +1,36 @@
+"""The committed benchmark results: each JSON as tools/benchlib.result_json writes it (a row a
+line), listed in benchmarks/results/index.md (CPU, instant)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FILES = sorted(RESULTS.glob("*.json"))
+
+
+def benchlib():
+    spec = importlib.util.spec_from_file_location("benchlib", ROOT / "tools" / "benchlib.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_result_json_puts_a_row_a_line_and_round_trips():
+    payload = {"gpu": "NVIDIA H200", "versions": {"cupy": "14.2.0"}, "errs": [1e-5, 2.5e-3],
+               "rows": [{"system": "tile-inference", "batch": 1}, {"system": "transformers eager", "batch": 32}]}
+    text = benchlib().result_json(payload)
+    assert json.loads(text) == payload
+    lines = text.splitlines()
+    assert lines[0] == "{" and lines[-1] == "}" and text.endswith("\n")
+    assert '  {"system": "transformers eager", "batch": 32}' in lines
+    assert ' "errs": [1e-05, 0.0025],' in lines
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_committed_results_are_written_so_and_indexed(path):
+    text = path.read_text()
+    assert benchlib().result_json(json.loads(text)) == text
+    assert f"`{path.name}`" in (RESULTS / "index.md").read_text()
