@@ -11,17 +11,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 FILES = sorted(RESULTS.glob("*.json"))
 
 
-def benchlib():
-    spec = importlib.util.spec_from_file_location("benchlib", ROOT / "tools" / "benchlib.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SPEC = importlib.util.spec_from_file_location("benchlib", ROOT / "tools" / "benchlib.py")
+benchlib = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(benchlib)     # standard library imports only at its top
+INDEX = (RESULTS / "index.md").read_text()
 
 
 def test_result_json_puts_a_row_a_line_and_round_trips():
     payload = {"gpu": "NVIDIA H200", "versions": {"cupy": "14.2.0"}, "errs": [1e-5, 2.5e-3],
                "rows": [{"system": "tile-inference", "batch": 1}, {"system": "transformers eager", "batch": 32}]}
-    text = benchlib().result_json(payload)
+    text = benchlib.result_json(payload)
     assert json.loads(text) == payload
     lines = text.splitlines()
     assert lines[0] == "{" and lines[-1] == "}" and text.endswith("\n")
@@ -32,5 +31,5 @@ def test_result_json_puts_a_row_a_line_and_round_trips():
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_committed_results_are_written_so_and_indexed(path):
     text = path.read_text()
-    assert benchlib().result_json(json.loads(text)) == text
-    assert f"`{path.name}`" in (RESULTS / "index.md").read_text()
+    assert benchlib.result_json(json.loads(text)) == text
+    assert f"`{path.name}`" in INDEX

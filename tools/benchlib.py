@@ -281,8 +281,8 @@ def first_call_ms(fn) -> float:
 
 
 def result_json(payload: dict) -> str:
-    """payload as JSON a key a line, a list of rows a row a line: diffable, and a third of the
-    bytes of one value a line (the tree travels to the GPU host beside its bundle)."""
+    """payload as JSON a key a line, a list of rows a row a line: a changed figure is a changed
+    row in a diff, and ~12% fewer bytes than one value a line."""
     def value(v) -> str:
         if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
             return "[\n  " + ",\n  ".join(json.dumps(r) for r in v) + "\n ]"
