@@ -305,9 +305,9 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 
 
 # Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint). A
-# bfloat16 cache: one while each pair's blocks, two chunks a pair, fit the SMs one each, else
-# two, or four at D <= 64 past two pairs an SM. A float32 cache keeps one (at two the merged
-# output at D = 128 came out wrong now and then under tileiras 13.4.92).
+# bfloat16 cache: one while the pairs take at most half the SMs, else two, or four at D <= 64
+# past two pairs an SM. A float32 cache keeps one (at two the merged output at D = 128 came out
+# wrong now and then under tileiras 13.4.92).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
 
