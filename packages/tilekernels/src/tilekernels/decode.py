@@ -132,25 +132,33 @@ def exact_grid(top):
             ct.bitcast(ct.bitwise_lshift(e - 44, 52), ct.float64))
 
 
+def exact_products(a, b):
+    """Tile helper: a * b in float64 (exact for float32 values)."""
+    return ct.astype(a, ct.float64) * ct.astype(b, ct.float64)
+
+
+def exact_sums(p, up):
+    """Tile helper: p's row sums on exact_grid's grid (whole numbers: exact in any order)."""
+    return ct.sum(ct.floor(p * up), axis=1, keepdims=True)
+
+
 def row_dot(a, b):
     """Tile helper: the row sums of a * b (float32) with the same bits whatever order they add
     in: the products, exact in float64, cut to multiples of 2^-44 of the row's largest power of
     two, add exactly. (A float32 sum adds in its register layout's order, which differs between
     the kernel's copies: gpt2's heads gave other bits at two blocks an SM than at four.)"""
-    p = ct.astype(a, ct.float64) * ct.astype(b, ct.float64)
+    p = exact_products(a, b)
     up, down = exact_grid(ct.max(ct.abs(p), axis=1, keepdims=True))
-    return ct.astype(ct.sum(ct.floor(p * up), axis=1, keepdims=True) * down, ct.float32)
+    return ct.astype(exact_sums(p, up) * down, ct.float32)
 
 
 def row_dot2(a, b, a2, b2):
     """Tile helper: row_dot of the rows (a, a2) . (b, b2), their channels in two halves: the
     same bits (one grid, that of both halves' largest product; every sum exact)."""
-    p = ct.astype(a, ct.float64) * ct.astype(b, ct.float64)
-    p2 = ct.astype(a2, ct.float64) * ct.astype(b2, ct.float64)
+    p, p2 = exact_products(a, b), exact_products(a2, b2)
     up, down = exact_grid(ct.maximum(ct.max(ct.abs(p), axis=1, keepdims=True),
                                      ct.max(ct.abs(p2), axis=1, keepdims=True)))
-    total = ct.sum(ct.floor(p * up), axis=1, keepdims=True) + ct.sum(ct.floor(p2 * up), axis=1, keepdims=True)
-    return ct.astype(total * down, ct.float32)
+    return ct.astype((exact_sums(p, up) + exact_sums(p2, up)) * down, ct.float32)
 
 
 def head_rows(A, b, kvh, rows: int, width: int, part):
