@@ -83,7 +83,7 @@ def decoder_step_ms(asr, batch: int) -> float:
     """ms of one decode step of the pipeline's engine at `batch` rows of a 30 s window's prompt
     length (the rows join in one prefill, as a batch of windows does), each measurement right
     after a warm-up of its own shape, as steps replay in a run (warmed once a shape instead,
-    between the other batch's runs, batch 1 read 1.698 ms on two H200 hosts, 1.663-1.675 so)."""
+    batch 1 read 1.698 ms on two H200s; 1.663-1.675 so on four others)."""
     from tilekernels.runtime import generate
 
     m = asr.model
