@@ -72,12 +72,13 @@ def specializations():
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
             tm, tn, tk = linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
             tk = linear.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
-            two = res and wt == W16     # a residual stream stored in float32 and in bfloat16
+            two = res and wt == W16     # a residual stream stored in float32 and in bfloat16 (and scaled)
+            xs_in = nrm == linear.RMS and scale and wt == W16 and m > linear.NARROW_ROWS    # GLM-ASR's, scaled ahead
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
                         [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(2, dtype=W16 if two else W32),
-                         arr(3), arr(3), arr(3), iarr(1), F32, I32,
+                         arr(2, dtype=W16), arr(3), arr(3), arr(3), iarr(1), F32, I32,
                          tm, linear.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
-                         res, nrm, scale, precise, 4 if split else 1, two]))
+                         res, nrm, scale, precise, 4 if split else 1, two, xs_in, two]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
                                      (False, 0, False, False, W32), (False, 0, False, True, W32),

@@ -384,6 +384,61 @@ def test_residual_stream_stored_twice(poisoned, rng):
     assert rel_err(seq[0][0], r.astype(np.float64) + tk.weights.widen(x16.get()).astype(np.float64) @ w.T) <= TF32
 
 
+def test_residual_stream_scaled_for_the_next_norm(poisoned, rng, medium):
+    """scaled_by: the third result is the bfloat16 copy times the next RMSNorm's weight, rounded
+    to bfloat16; a product normed by that RMSNorm gives the same bits taking it as `scaled` as
+    scaling x itself, at every bucket (GLM-ASR's decode MLP), from bfloat16 and float32 x."""
+    import cupy
+
+    bf = tk.weights.BF16
+
+    def widen(a):
+        return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+
+    (_, gh), (_, gr), (_, gg) = pair(rng, 128, 2048), pair(rng, 128, 2048, scale=2.0), pair(rng, 2048)
+    wo, wq = bf16_pair(rng, 2048, 2048, scale=0.05)[1], bf16_pair(rng, 3072, 2048, scale=0.05)[1]
+    wfc = bf16_pair(rng, 2 * 6144, 2048, scale=0.05)[1]
+    rms = tk.RMSNorm(gg, 1e-5)
+    h16 = tk.weights.to_bf16(gh)
+    for m in (1, 7, 16, 17, 64, 100, 128):
+        h, r = h16[:m].copy(), gr[:m].copy()
+        y, y16 = tk.linear(h, wo, residual=r, out_dtype=(np.float32, bf))
+        y_, y16_, xs = tk.linear(h, wo, residual=r, out_dtype=(np.float32, bf), scaled_by=gg)
+        assert cupy.array_equal(y_, y) and cupy.array_equal(y16_.view(cupy.uint16), y16.view(cupy.uint16)), m
+        assert xs.dtype == bf and cupy.array_equal(xs.view(cupy.uint16),
+                                                   tk.weights.to_bf16(widen(y16) * gg).view(cupy.uint16)), m
+        for x, x_scaled in ((y16, xs), (y, tk.weights.to_bf16(y * gg))):
+            for w, act in ((wfc, "swiglu"), (wq, None)):
+                plain = tk.linear(x, w, activation=act, norm=rms, out_dtype=bf)
+                got = tk.linear(x, w, activation=act, norm=rms, out_dtype=bf, scaled=x_scaled)
+                assert cupy.array_equal(got.view(cupy.uint16), plain.view(cupy.uint16)), (m, x.dtype, act)
+
+
+def test_decode_layer_rows_do_not_depend_on_the_batch(poisoned, rng, medium):
+    """GLM-ASR's decoder layer at its sizes (RMSNorms, SwiGLU, bfloat16 weights), one token a row:
+    each row's output is the same bits alone and among 7, 17, 64 or 128 rows, though from 17 rows
+    fc1 takes the operand o scaled ahead (attention stood in for by a function of each row's own
+    projection)."""
+    import cupy
+
+    c, inter, hq, hkv, d = 2048, 6144, 16, 4, 128
+    w = [bf16_pair(rng, n, k, scale=0.03)[1] for n, k in (((hq + 2 * hkv) * d, c), (c, hq * d), (2 * inter, c),
+                                                              (c, inter))]
+    norms = [tk.RMSNorm(cupy.asarray(1 + 0.1 * rng.standard_normal(c).astype(np.float32)), 1e-5) for _ in range(2)]
+    block = tk.Block(norms[0], (w[0], None), (w[1], None), norms[1], (w[2], None), (w[3], None), "swiglu")
+
+    def attend(qkv, out_dtype):      # (B, 1, width) float32 -> (B, H, 1, D): each row's own q, as o takes it
+        q = cupy.ascontiguousarray(qkv[..., :hq * d]).reshape(-1, 1, hq, d).transpose(0, 2, 1, 3)
+        return tk.weights.to_bf16(cupy.ascontiguousarray(q))
+
+    x = pair(rng, 128, 1, c, scale=2.0)[1]
+    full = block(x, attend)
+    for m in (1, 7, 17, 64):
+        got = block(x[:m].copy(), attend)
+        assert cupy.array_equal(got, full[:m]), m
+    assert bool(cupy.isfinite(full).all()) and float(cupy.abs(full).max()) > 0
+
+
 @pytest.mark.parametrize("bsz,hq,hkv,d", [(2, 12, 12, 64), (8, 16, 4, 128), (64, 16, 4, 128), (3, 4, 1, 64)])
 @pytest.mark.parametrize("kv", ["float32", "bfloat16"])
 def test_batched_decode_attention(poisoned, rng, bsz, hq, hkv, d, kv):

@@ -19,6 +19,7 @@ from ._arrays import array_module
 from .linear import linear
 from .norm import LayerNorm, RMSNorm
 from .precision import input_dtype
+from .weights import BF16
 
 
 @dataclass
@@ -43,8 +44,11 @@ class Block:
         y = attend(linear(x, *self.qkv, norm=self.norm1, out_dtype=qkv_dtype), out_dtype=input_dtype(self.o[0]))
         y = array_module(x).ascontiguousarray(y.transpose(0, 2, 1, 3)).reshape(b, t, -1)
         # a decode step keeps the residual stream in float32 and as fc1 takes it: fc1's blocks each
-        # stream x beside a weight tile, bfloat16 where fc1 multiplies so (a sequence's norm runs first)
-        x, xn = linear(y, *self.o, residual=x, out_dtype=(np.float32, input_dtype(self.fc1[0]) if t == 1 else x.dtype))
-        h = linear(xn, *self.fc1, activation=self.activation, norm=self.norm2,
+        # stream x beside a weight tile, bfloat16 where fc1 multiplies so (a sequence's norm runs first),
+        # and then also times an RMSNorm's weight, the operand fc1's kernel would make of it
+        xn_dtype = input_dtype(self.fc1[0]) if t == 1 else x.dtype
+        scale = self.norm2.weight if xn_dtype == BF16 and isinstance(self.norm2, RMSNorm) else None
+        x, xn, *xs = linear(y, *self.o, residual=x, out_dtype=(np.float32, xn_dtype), scaled_by=scale)
+        h = linear(xn, *self.fc1, activation=self.activation, norm=self.norm2, scaled=xs[0] if xs else None,
                    out_dtype=input_dtype(self.fc2[0]))      # bfloat16 where fc2 takes it so
         return linear(h, *self.fc2, residual=x)

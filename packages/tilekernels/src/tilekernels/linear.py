@@ -32,11 +32,11 @@ import numpy as np
 
 from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, next_pow2,
                       reset_count, sm_count)
-from ._reduce import sums2
+from ._reduce import pairwise_row_sums, sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
 from .precision import BF16 as BF16_MMA, DECODE_ROWS, mma, mma_mode, operand
-from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, result_dtype, to_bf16, widen
+from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, narrow, result_dtype, to_bf16, widen
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -149,13 +149,17 @@ def weight_tiles(W, W2, bn, k, TILE_N: int, TILE_K: int, GLU: bool):
 
 
 # ---------------------------------------------------------------- kernels
-def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
-                 SCALE: bool, MMA: int):
+def skinny_chunk(X, XS, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K: int, GLU: bool, NORM: int,
+                 SCALE: bool, MMA: int, XS_IN: bool):
     """Fold K chunk k into the (TILE_N, TILE_M) accumulators and the norm's sums e1, e2, kept
     elementwise (TILE_M, TILE_K) and reduced once after the last chunk (a block reduction a
-    chunk held every chunk's mma back)."""
+    chunk held every chunk's mma back). XS_IN: the operand is XS, x scaled by G and rounded to
+    bfloat16 ahead (the same values), loaded as stored; x feeds only the sums."""
     x = ct.load(X, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)
-    if MMA == BF16_MMA and NORM == NO_NORM and X.dtype == ct.uint16:
+    if XS_IN:
+        xt = ct.transpose(bf16(ct.load(XS, index=(bm, k), shape=(TILE_M, TILE_K), padding_mode=ct.PaddingMode.ZERO)))
+        _, e1, e2 = norm_input(f32(x), x0, G, k, e1, e2, X.shape[1], TILE_K, NORM, False)
+    elif MMA == BF16_MMA and NORM == NO_NORM and X.dtype == ct.uint16:
         xt = ct.transpose(bf16(x))      # bfloat16 as stored: the operand, never widened
     else:
         x, e1, e2 = norm_input(f32(x), x0, G, k, e1, e2, X.shape[1], TILE_K, NORM, SCALE)
@@ -169,10 +173,10 @@ def skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TILE_K:
 
 
 @ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
-def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
+def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, XS, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
                   RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt,
-                  TWO: ConstBool):
+                  TWO: ConstBool, XS_IN: ConstBool, XS_OUT: ConstBool):
     """Up to TILE_M rows of x (batched decode: M = 2..128) against TILE_N weight rows over one
     K range (axis 2 of the grid): the weight tile is the mma's A operand (TILE_N, TILE_K), x
     transposed the B operand, so N fills the tensor-core M and one pass over the weights serves
@@ -183,7 +187,11 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, P, P2, S, C, eps: float, k_tiles_
     run, and applies the epilogue.
     Axis 0 is the row blocks (64 and 128 rows): the blocks of one weight tile run side by side,
     the second reading it from L2 rather than HBM. TWO: the result is stored in Y2 too (a residual
-    stream kept in float32 and in bfloat16 for the normed product it feeds)."""
+    stream kept in float32 and in bfloat16 for the normed product it feeds); XS_OUT: and that
+    bfloat16 copy times G (no norm here: the next product's RMSNorm weight) rounded to bfloat16
+    in XS, which that product takes as its operand (XS_IN, skinny_chunk): at 32 rows a block
+    its own scaling and the operand's trip back to shared memory cost the gated product a
+    sixth (H200)."""
     bm = ct.bid(0)
     bn = ct.bid(1)
     split = ct.bid(2)
@@ -195,14 +203,16 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, P, P2, S, C, eps: float, k_tiles_
     zero = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
     stats = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
     sums = ct.full((TILE_M, TILE_K), 0.0, dtype=ct.float32)
-    acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k0, w, w2, zero, zero, sums, sums, x0, TILE_M, TILE_K, GLU, NORM,
-                                     SCALE, MMA)
+    acc, acc2, e1, e2 = skinny_chunk(X, XS, G, bm, k0, w, w2, zero, zero, sums, sums, x0, TILE_M, TILE_K, GLU, NORM,
+                                     SCALE, MMA, XS_IN)
     for k in range(k0 + 1, k1):
         w, w2 = weight_tiles(W, W2, bn, k, TILE_N, TILE_K, GLU)
-        acc, acc2, e1, e2 = skinny_chunk(X, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M, TILE_K, GLU, NORM,
-                                         SCALE, MMA)
+        acc, acc2, e1, e2 = skinny_chunk(X, XS, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M, TILE_K, GLU, NORM,
+                                         SCALE, MMA, XS_IN)
     s1, s2 = stats, stats
-    if NORM != NO_NORM:
+    if NORM == RMS:     # in a fixed order: the layout, and so a sum's order, changes with XS_IN
+        s2 = pairwise_row_sums(e2)
+    elif NORM == LAYER:
         s1, s2 = sums2(e1, e2, axis=1)
     done = True
     if SPLITS > 1:
@@ -249,7 +259,11 @@ def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, P, P2, S, C, eps: float, k_tiles_
                      bias_tile(Bias, bn, TILE_N, HAS_BIAS), residual_tile(R, bm, bn, TILE_M, TILE_N, RESID), Y, bm,
                      bn, HAS_BIAS, ACT, GLU, RESID, NORM, False)
         if TWO:
-            ct.store(Y2, index=(bm, bn), tile=like(Y2, y), allow_tma=False)
+            y2 = like(Y2, y)
+            ct.store(Y2, index=(bm, bn), tile=y2, allow_tma=False)
+            if XS_OUT:
+                g = f32(ct.load(G, index=(bn,), shape=(TILE_N,), padding_mode=ct.PaddingMode.ZERO, allow_tma=False))
+                ct.store(XS, index=(bm, bn), tile=narrow(f32(y2) * g[None, :]), allow_tma=False)
 
 
 def _grouped(tile_id, num_m, num_n):
@@ -453,8 +467,16 @@ linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
 skinny_kernel_one_an_sm = skinny_kernel.replace_hints(occupancy=None)
 
 
-def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None):
-    """The GPU product; `also`: a second dtype the result is stored in too (returned second)."""
+def _results(y, y2, xs, also):
+    """What linear returns: y, (y, y2) or (y, y2, xs), the copies in y's shape."""
+    if also is None:
+        return y
+    return (y, y2.reshape(y.shape)) if xs is None else (y, y2.reshape(y.shape), xs.reshape(y.shape))
+
+
+def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None, scaled=None, scaled_by=None):
+    """The GPU product; `also`: a second dtype the result is stored in too (returned second);
+    scaled, scaled_by: linear's."""
     import cupy
 
     k = x.shape[-1]
@@ -464,9 +486,9 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     y = empty(cupy, (m, n), out_dtype)
     two = also is not None and np.dtype(also) != y.dtype       # (float32, bfloat16)
     y2 = empty(cupy, (m, n), also) if two else y
+    xs_out = empty(cupy, (m, n), BF16) if scaled_by is not None else None
     if m == 0:
-        y = y.reshape(*x.shape[:-1], n)
-        return y if also is None else (y, y2.reshape(y.shape))
+        return _results(y.reshape(*x.shape[:-1], n), y2, xs_out, also)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
     rms = isinstance(norm, RMSNorm)
@@ -481,7 +503,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     code = (RMS if rms else LAYER) if in_kernel else NO_NORM
     eps = float(norm.eps) if in_kernel else 0.0
     scale = in_kernel and norm.affine
-    g = norm.weight if scale else x2
+    g = norm.weight if scale else scaled_by if scaled_by is not None else x2
     w, w2 = (weight[:n], weight[n:]) if glu else (weight, weight)
     b = x2 if bias is None else bias
     r = y if residual is None else residual.reshape(m, n)
@@ -499,8 +521,12 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
             s_ = cupy.empty((split, 2, m_blocks * tm), dtype=cupy.float32)
             c = last_block_counters(n_blocks * m_blocks)
         one_an_sm = m_blocks * n_blocks * split <= sm_count()
+        # the scaled operand where a block holds 32 rows (at one row its second load cost more)
+        xs_in = scaled is not None and scale and code == RMS and mode == BF16_MMA and m > NARROW_ROWS
+        xs = scaled.reshape(m, k) if xs_in else xs_out if scaled_by is not None else y
         launch((m_blocks, n_blocks, split), skinny_kernel_one_an_sm if one_an_sm else skinny_kernel,
-               (x2, w, w2, g, b, r, y, y2, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split, two))
+               (x2, w, w2, g, b, r, y, y2, xs, p, p2, s_, c, eps, per, tm, tn, tk, *flags, code, scale, mode, split, two,
+                xs_in, scaled_by is not None))
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
@@ -514,12 +540,13 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
                    (part, b, r, y, REDUCE_TILE, flags[0], act, flags[3]))
     if two and plan[0] == "tiles":      # the second copy in one pass of its own (the skinny kernel stores it)
         y2 = to_bf16(y)
-    y = y.reshape(*x.shape[:-1], n)
-    return y if also is None else (y, y2.reshape(y.shape))
+    if scaled_by is not None and plan[0] == "tiles":
+        xs_out = to_bf16((y2.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) * scaled_by)
+    return _results(y.reshape(*x.shape[:-1], n), y2, xs_out, also)
 
 
 def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNorm | RMSNorm | None = None,
-           residual=None, out_dtype=np.float32):
+           residual=None, out_dtype=np.float32, scaled=None, scaled_by=None):
     """residual + act(norm(x) @ weight.T + bias); x (..., K), weight (N, K), bias (N,).
 
     activation: None, 'gelu' (exact), 'gelu_tanh', 'silu', or 'swiglu': weight stacks the
@@ -531,12 +558,16 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
     bfloat16 (the result rounded as it is stored, for a next product that takes bfloat16), or a
     pair of them, (float32, bfloat16) or one dtype twice: the result in both, returned as a pair
     (a residual stream kept in float32 whose next normed product reads half the bytes).
+    scaled_by (N,), with out_dtype (float32, bfloat16): a third result, the bfloat16 one times
+    scaled_by rounded to bfloat16; a next product normed by RMSNorm(scaled_by) takes it as
+    `scaled` beside that bfloat16 x, and the decode kernel then multiplies it as it is rather
+    than scaling x itself (the same result, faster at 32+ rows).
     """
     if norm is not None and not isinstance(norm, (LayerNorm, RMSNorm)):
         raise TypeError(f"norm: expected a LayerNorm or RMSNorm, got {type(norm).__name__}")
     kind = backend(x=x, weight=weight, bias=bias, residual=residual,
                    norm_weight=None if norm is None else norm.weight,
-                   norm_bias=getattr(norm, "bias", None))
+                   norm_bias=getattr(norm, "bias", None), scaled=scaled, scaled_by=scaled_by)
     glu = activation == "swiglu"
     act = SILU if glu else activation_code(activation)
     check("x", x, ndim=tuple(range(1, 8)), dtype=WEIGHT_DTYPES)
@@ -562,7 +593,20 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
             check("norm bias", norm.bias, shape=(x.shape[-1],))
     if residual is not None:
         check("residual", residual, shape=(*x.shape[:-1], n))
+    if scaled_by is not None:
+        check("scaled_by", scaled_by, shape=(n,), dtype=(np.dtype(np.float32),))
+        if (out_dtype, also) != (np.dtype(np.float32), BF16):
+            raise ValueError("scaled_by: needs out_dtype (float32, bfloat16), the bfloat16 copy being what it scales")
+        if norm is not None:
+            raise ValueError("scaled_by: a product without a norm of its own (the kernel has one weight to scale by)")
+    if scaled is not None:
+        check("scaled", scaled, shape=x.shape, dtype=(BF16,))
+        if not isinstance(norm, RMSNorm) or not norm.affine:
+            raise ValueError("scaled: x times an RMSNorm's weight, for a product normed by that RMSNorm")
     if kind == "numpy":
         y = linear_reference(x, weight, bias, activation, norm, residual)
-        return y.astype(out_dtype, copy=False) if also is None else (y.astype(out_dtype), y.astype(also))
-    return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also)
+        if also is None:
+            return y.astype(out_dtype, copy=False)
+        y2 = y.astype(also)
+        return (y.astype(out_dtype), y2) if scaled_by is None else (y, y2, (widen(y2) * scaled_by).astype(BF16))
+    return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also, scaled, scaled_by)
