@@ -24,8 +24,6 @@ def pair(rng, *shape, scale=1.0):
 
 @pytest.mark.parametrize("rows,n", [(1, 1), (7, 7), (769, 768), (33, 1281), (8, 2048), (3, 6144)])
 def test_norms(poisoned, rng, rows, n):
-    import cupy
-
     (x, gx), (w, gw), (b, gb) = pair(rng, rows, n), pair(rng, n), pair(rng, n)
     x64 = x.astype(np.float64)
     mu = x64.mean(-1, keepdims=True)
@@ -33,7 +31,7 @@ def test_norms(poisoned, rng, rows, n):
     assert rel_err(tk.layernorm(gx, gw, gb), ln) <= FP32
     assert rel_err(tk.rmsnorm(gx, gw, 1e-5), x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w) <= FP32
     x16 = tk.weights.to_bf16(gx)        # bfloat16 x: as its float32 widening
-    wide = (x16.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
+    wide = tk.widen(x16)
     assert rel_err(tk.rmsnorm(x16, gw, 1e-5), tk.rmsnorm(wide, gw, 1e-5).get()) <= FP32
     assert rel_err(tk.layernorm(x16, gw, gb), tk.layernorm(wide, gw, gb).get()) <= FP32
 
@@ -289,7 +287,7 @@ def test_medium_precision_takes_bf16_inputs_for_products_of_bf16_weights(poisone
     ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
     gs = gx[:7].copy()
     high, small, f32w = tk.linear(gx, gw, gb), tk.linear(gs, gw, gb), tk.linear(gx, gw32, gb)
-    (q, gq), (k, gk), (v, gv) = pair(rng, 2, 8, 77, 64), pair(rng, 2, 2, 300, 64), pair(rng, 2, 2, 300, 64)
+    (_, gq), (_, gk), (_, gv) = pair(rng, 2, 8, 77, 64), pair(rng, 2, 2, 300, 64), pair(rng, 2, 2, 300, 64)
     att_high = tk.attention(gq, gk, gv, causal=True)
     tk.set_matmul_precision("medium")
     try:
@@ -311,7 +309,7 @@ def test_bfloat16_outputs_round_the_float32_result(poisoned, rng, medium, act, g
     import cupy
 
     bf = tk.weights.BF16
-    (x, gx), (nw, gnw) = pair(rng, 300, 1280, scale=2.0), pair(rng, 1280)
+    (_, gx), (_, gnw) = pair(rng, 300, 1280, scale=2.0), pair(rng, 1280)
     for norm in (tk.RMSNorm(gnw, 1e-5), tk.LayerNorm(gnw, gnw, 1e-5)):
         assert cupy.array_equal(norm(gx, out_dtype=bf).view(cupy.uint16), tk.weights.to_bf16(norm(gx)).view(cupy.uint16))
     for weights in (bf16_pair(rng, 2 * 640 if glu else 1281, 1280, scale=0.05), pair(rng, 2 * 640 if glu else 1281, 1280, scale=0.05)):
@@ -351,7 +349,7 @@ def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
     rows (so a request's logits do not depend on what decodes beside it)."""
     import cupy
 
-    (x, gx), (nw, gnw) = pair(rng, 128, 2048, scale=2.0), pair(rng, 2048)
+    (x, gx), (_, gnw) = pair(rng, 128, 2048, scale=2.0), pair(rng, 2048)
     rms = tk.RMSNorm(gnw, 1e-5)
     x16 = tk.weights.to_bf16(gx)        # an o projection's input: bfloat16, no norm (narrow blocks at <= 16 rows)
     for (w, gw), act, xs, norm in ((bf16_pair(rng, 3072, 2048, scale=0.05), None, gx, rms),
@@ -370,7 +368,7 @@ def test_residual_stream_stored_twice(poisoned, rng):
     from the skinny kernel (decode rows) and a sequence's product."""
     import cupy
 
-    (x, gx), (r, gr) = pair(rng, 400, 2048), pair(rng, 400, 2048)
+    (_, gx), (r, gr) = pair(rng, 400, 2048), pair(rng, 400, 2048)
     w, gw = bf16_pair(rng, 2048, 2048, scale=0.05)
     x16 = tk.weights.to_bf16(gx)
     for m in (1, 7, 64, 100):
@@ -391,22 +389,18 @@ def test_residual_stream_scaled_for_the_next_norm(poisoned, rng, medium):
     import cupy
 
     bf = tk.weights.BF16
-
-    def widen(a):
-        return (a.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)
-
-    (_, gh), (_, gr), (_, gg) = pair(rng, 128, 2048), pair(rng, 128, 2048, scale=2.0), pair(rng, 2048)
+    (_, gh), (_, gr), (_, gg) = pair(rng, 129, 2048), pair(rng, 129, 2048, scale=2.0), pair(rng, 2048)
     wo, wq = bf16_pair(rng, 2048, 2048, scale=0.05)[1], bf16_pair(rng, 3072, 2048, scale=0.05)[1]
     wfc = bf16_pair(rng, 2 * 6144, 2048, scale=0.05)[1]
     rms = tk.RMSNorm(gg, 1e-5)
     h16 = tk.weights.to_bf16(gh)
-    for m in (1, 7, 16, 17, 64, 100, 128):
+    for m in (1, 7, 16, 17, 64, 100, 128, 129):
         h, r = h16[:m].copy(), gr[:m].copy()
         y, y16 = tk.linear(h, wo, residual=r, out_dtype=(np.float32, bf))
         y_, y16_, xs = tk.linear(h, wo, residual=r, out_dtype=(np.float32, bf), scaled_by=gg)
         assert cupy.array_equal(y_, y) and cupy.array_equal(y16_.view(cupy.uint16), y16.view(cupy.uint16)), m
         assert xs.dtype == bf and cupy.array_equal(xs.view(cupy.uint16),
-                                                   tk.weights.to_bf16(widen(y16) * gg).view(cupy.uint16)), m
+                                                   tk.weights.to_bf16(tk.widen(y16) * gg).view(cupy.uint16)), m
         for x, x_scaled in ((y16, xs), (y, tk.weights.to_bf16(y * gg))):
             for w, act in ((wfc, "swiglu"), (wq, None)):
                 plain = tk.linear(x, w, activation=act, norm=rms, out_dtype=bf)
@@ -678,7 +672,7 @@ def test_split_qkv_of_a_bfloat16_projection(poisoned, rng, rope):
     cos, sin = (cupy.asarray(a) for a in tk.rope_cos_sin(np.arange(37), rope))
     start = cupy.zeros(1, np.int32)
     outs = []
-    for qkv in (gqkv, (gqkv.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32)):
+    for qkv in (gqkv, tk.widen(gqkv)):
         caches = [cupy.full((2, 4, 37, 64), 0xFFFF, np.uint16).view(bf16) for _ in range(2)]
         outs.append([a.view(cupy.uint16) for a in (tk.split_qkv(qkv, *caches, start, 4, cos, sin, rope,
                                                                q_dtype=bf16), *caches)])

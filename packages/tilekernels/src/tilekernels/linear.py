@@ -541,7 +541,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     if two and plan[0] == "tiles":      # the second copy in one pass of its own (the skinny kernel stores it)
         y2 = to_bf16(y)
     if scaled_by is not None and plan[0] == "tiles":
-        xs_out = to_bf16((y2.view(cupy.uint16).astype(cupy.uint32) << 16).view(cupy.float32) * scaled_by)
+        xs_out = to_bf16(widen(y2) * scaled_by)
     return _results(y.reshape(*x.shape[:-1], n), y2, xs_out, also)
 
 
