@@ -70,7 +70,7 @@ def test_linear_stores_a_residual_stream_twice_and_norms_take_bfloat16(rng):
     y_, y16_, xs = tk.linear(x, w, residual=r, out_dtype=(np.float32, bf16), scaled_by=nw)    # scaled for a next norm
     np.testing.assert_array_equal(y_, one)
     np.testing.assert_array_equal(y16_, y16)
-    assert xs.dtype == bf16
+    assert y_.dtype == np.float32 and xs.dtype == bf16
     np.testing.assert_array_equal(xs, (wide * nw).astype(bf16))
     np.testing.assert_array_equal(tk.linear(y16, w.T.copy(), norm=tk.RMSNorm(nw), scaled=xs),
                                   tk.linear(y16, w.T.copy(), norm=tk.RMSNorm(nw)))

@@ -607,6 +607,6 @@ def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNo
         y = linear_reference(x, weight, bias, activation, norm, residual)
         if also is None:
             return y.astype(out_dtype, copy=False)
-        y2 = y.astype(also)
-        return (y.astype(out_dtype), y2) if scaled_by is None else (y, y2, (widen(y2) * scaled_by).astype(BF16))
+        y, y2 = y.astype(out_dtype), y.astype(also)
+        return (y, y2) if scaled_by is None else (y, y2, (widen(y2) * scaled_by).astype(BF16))
     return _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also, scaled, scaled_by)
