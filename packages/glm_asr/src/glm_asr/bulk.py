@@ -415,7 +415,8 @@ def local_cluster(envs: list[dict], dashboard: str | None = None):
 
 
 def _worker_process():
-    """The class of a local worker: a `dask spec` process running a Nanny, env in its environment
+    """The class of a local worker: a `dask spec` process running a Nanny (glm_asr.dask_worker: it
+    exits with this process, however this one ends), env in its environment
     from its first instruction, as CUDA_VISIBLE_DEVICES must be before anything starts CUDA
     (Nanny(env=...) sets it in the worker process once that has imported the command's modules).
     With the Nannies inside the client process instead, gpus=2 on an H200 pair ran slower than one
@@ -436,7 +437,8 @@ def _worker_process():
                    # the statistical profiler (the dashboard's) samples every thread's stack 100 times a second
                    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", **self.env}
             self.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "distributed.cli.dask_spec", self.scheduler, "--spec", json.dumps(spec), env=env)
+                sys.executable, "-m", "glm_asr.dask_worker", str(os.getpid()), self.scheduler,
+                "--spec", json.dumps(spec), env=env)
 
         async def close(self) -> None:
             """SIGTERM first: `dask spec` closes its Nanny and worker, whose connections then end

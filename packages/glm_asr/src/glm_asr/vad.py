@@ -514,7 +514,11 @@ def _pool() -> tuple[int, object, int]:
             if not multiprocessing.current_process().daemon:
                 from concurrent.futures import ProcessPoolExecutor
 
-                pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+                from tilekernels.runtime.parent import watch_parent
+
+                # each worker exits with this process, however it ends (SIGKILL too)
+                pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=watch_parent, initargs=(os.getpid(),))
                 for _ in range(n):      # spawned one a submit: start them all now, each loading the weights
                     pool.submit(speech_probs, np.zeros(FRAME, np.float32))
             _POOL = (os.getpid(), pool, max(1, _cpus() // n))
@@ -526,6 +530,17 @@ def start_workers() -> None:
     loads, rather than inside the first files' time (a spawned process imports numpy and loads
     the weights: about a second)."""
     _pool()
+
+
+def stop_workers() -> None:
+    """Stop the VAD's worker processes (a server's shutdown: a server killed by a signal it
+    re-raises runs no atexit hooks) and wait for them to exit; pooled_probs starts them again.
+    A normal interpreter exit stops them too (concurrent.futures' own exit hook)."""
+    global _POOL
+    with _LOCK:
+        pool, _POOL = (_POOL[1] if _POOL is not None and _POOL[0] == os.getpid() else None), None
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def pooled_probs(samples: np.ndarray) -> np.ndarray:

@@ -1,0 +1,143 @@
+"""Worker processes end with the process that started them, however it ends (kill -9 too):
+tilekernels.runtime.parent.watch_parent, the VAD's worker pool (and multiprocessing's resource
+tracker with it) and a bulk run's local Dask workers. Real processes, walked through /proc."""
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from processes import alive, cmdline, descendants, gone_within, kill_all, stat  # noqa: E402
+
+GONE_S = 5.0            # how long a watched process may outlive its parent (it polls every 0.5 s)
+
+
+def assert_killing_ends_them(proc: subprocess.Popen, procs: dict[int, int]) -> None:
+    """Kill proc with SIGKILL (it cleans nothing up) and assert that every one of procs is gone
+    within GONE_S."""
+    proc.kill()
+    proc.wait(30)
+    left = gone_within(procs, GONE_S)
+    assert not left, {p: cmdline(p) for p in left}
+
+
+def read_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The next line of proc's stdout, failing after timeout seconds without one."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no output from {proc.args} in {timeout} s"
+    line = proc.stdout.readline()
+    assert line, f"{proc.args} ended: {proc.wait()}"
+    return line.strip()
+
+
+def python(code: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, **kw)
+
+
+def stop(proc: subprocess.Popen, procs: dict[int, int]) -> None:
+    """Kill proc and whatever of procs is left, and reap proc."""
+    kill_all(procs)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(30)
+
+
+# ------------------------------------------------------------------ watch_parent
+GRANDCHILD = """
+import os, time
+from tilekernels.runtime.parent import watch_parent
+watch_parent()
+print(os.getpid(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_watching_process_ends_with_its_parent():
+    """A child starts a grandchild that calls watch_parent(); the child killed with SIGKILL (no
+    cleanup), the grandchild is gone within GONE_S."""
+    child = python(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {GRANDCHILD!r}])\n"
+                   "time.sleep(120)")
+    procs = {}
+    try:
+        grandchild = int(read_line(child, 60))
+        procs = {grandchild: stat(grandchild)[2]}
+        assert_killing_ends_them(child, procs)
+    finally:
+        stop(child, procs)
+
+
+# ------------------------------------------------------------------ the VAD's workers
+VAD = """
+import os, sys, time
+import numpy as np
+from glm_asr import vad
+vad.start_workers()
+vad.pooled_probs(np.zeros(16000, np.float32))
+print(os.getpid(), flush=True)
+if sys.stdin.readline().strip() == "stop":
+    vad.stop_workers()
+    print("stopped", flush=True)
+time.sleep(120)
+"""
+
+
+def vad_server() -> tuple[subprocess.Popen, dict[int, int]]:
+    """A process whose VAD workers are up, and its descendants: the workers and the resource tracker."""
+    proc = python(VAD, stdin=subprocess.PIPE)
+    read_line(proc, 120)
+    procs = descendants(proc.pid)
+    trackers = [p for p in procs if "resource_tracker" in cmdline(p)]
+    assert len(trackers) == 1 and len(procs) >= 2, {p: cmdline(p) for p in procs}
+    return proc, procs
+
+
+def test_vad_workers_and_the_resource_tracker_end_with_a_killed_parent():
+    proc, procs = vad_server()
+    try:
+        assert_killing_ends_them(proc, procs)
+    finally:
+        stop(proc, procs)
+
+
+def test_stop_workers_ends_them():
+    """stop_workers returns once the workers have exited; the resource tracker, which this process
+    holds open too, stays until it exits."""
+    proc, procs = vad_server()
+    try:
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        assert read_line(proc, 60) == "stopped"
+        assert proc.poll() is None
+        assert [cmdline(p) for p in alive(procs)] == [cmdline(p) for p in procs if "resource_tracker" in cmdline(p)]
+    finally:
+        stop(proc, procs)
+
+
+# ------------------------------------------------------------------ a bulk run's Dask workers
+def test_bulk_workers_end_with_a_killed_client(tiny, audio_dir, tmp_path):
+    """python -m glm_asr.bulk killed with SIGKILL while its worker transcribes: every process it
+    started (the `dask spec` process, its Nanny's worker process, resource trackers) is gone
+    within GONE_S (left alone, they notice the scheduler is gone and close 10 s or more later)."""
+    manifest = tmp_path / "manifest.txt"
+    manifest.write_text(f"{audio_dir / 'long.flac'}\n" * 100)     # ~20 s of work on 2 cores
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home"}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "glm_asr.bulk", f"manifest={manifest}",
+                                 f"output_dir={tmp_path / 'out'}", f"model.path={tiny}", "device=cpu", "workers=1",
+                                 "max_new_tokens=8", "output_format=json"], stderr=err, env=env)
+    procs = {}
+    try:
+        deadline = time.monotonic() + 180
+        while "\nbulk: " not in "\n" + log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None and "\nbulk: " in "\n" + log.read_text(), log.read_text()
+        procs = descendants(proc.pid)
+        spec = [p for p in procs if "--spec" in cmdline(p)]
+        assert len(spec) == 1 and [p for p in descendants(spec[0]) if "resource_tracker" not in cmdline(p)], \
+            {p: cmdline(p) for p in procs}
+        assert_killing_ends_them(proc, procs)
+    finally:
+        stop(proc, procs)
