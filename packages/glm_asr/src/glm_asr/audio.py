@@ -34,7 +34,8 @@ class Audio:
     non-finite sample later raises AudioError from the iteration.
 
     offset_s: the file time of the first sample (an audio stream that starts after the
-    container's start); seconds: the duration when the header tells it, else None."""
+    container's start); seconds: the duration when the header tells it, else None. The file
+    stays open until its samples have all been read or close() (or a with block's end)."""
 
     def __init__(self, path: str, audio_stream: int | None = None, name: str | None = None):
         self.name, self.offset_s, self.seconds = name or path, 0.0, None
@@ -44,9 +45,21 @@ class Audio:
             raise AudioError(f"{self.name}: no such file")
         if p.is_dir():
             raise AudioError(f"{self.name}: is a directory")
+        self._handle = None
         self._blocks = self._open_soundfile(p) if not audio_stream else None
         if self._blocks is None:
             self._blocks = self._open_av(p, audio_stream)
+
+    def close(self) -> None:
+        """Let go of the file now (a server deletes an upload once it is done with it)."""
+        self._blocks.close()
+        self._handle.close()
+
+    def __enter__(self) -> "Audio":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def reopen(self) -> "Audio":
         """The same input opened again, for a second pass over its samples."""
@@ -75,10 +88,11 @@ class Audio:
             got = f.frames / f.samplerate
             print(f"warning: {self.name}: truncated: its header claims "
                   f"{got * int(short.group(1)) / int(short.group(2)):.2f} s, {got:.2f} s read", file=sys.stderr)
-        self.seconds = f.frames / f.samplerate
-        return self._soundfile_blocks(f)
+        self.seconds, self._handle = f.frames / f.samplerate, f
+        return self._soundfile_blocks(f, self.name)
 
-    def _soundfile_blocks(self, f) -> Iterator[np.ndarray]:
+    @staticmethod
+    def _soundfile_blocks(f, name: str) -> Iterator[np.ndarray]:
         with f:
             rs = _resampler(f.samplerate)
             size = BLOCK_SECONDS * f.samplerate
@@ -86,7 +100,7 @@ class Audio:
                 try:
                     data = f.read(size, dtype="float32", always_2d=True)
                 except Exception as e:
-                    raise AudioError(f"{self.name}: not a readable audio file ({_first_line(e)})") from None
+                    raise AudioError(f"{name}: not a readable audio file ({_first_line(e)})") from None
                 last = len(data) < size
                 mono = data.mean(axis=1)
                 if rs is not None:
@@ -123,9 +137,11 @@ class Audio:
             self.seconds = float(stream.duration * stream.time_base)
         elif container.duration is not None:
             self.seconds = container.duration / 1e6
-        return self._av_blocks(container, stream)
+        self._handle = container
+        return self._av_blocks(container, stream, self.name)
 
-    def _av_blocks(self, container, stream) -> Iterator[np.ndarray]:
+    @staticmethod
+    def _av_blocks(container, stream, name: str) -> Iterator[np.ndarray]:
         import av
 
         rs, pending, have = None, [], 0
@@ -147,7 +163,7 @@ class Audio:
                         yield np.concatenate(pending)
                         pending, have = [], 0
         except av.error.FFmpegError as e:
-            raise AudioError(f"{self.name}: cannot decode ({_first_line(e)})") from None
+            raise AudioError(f"{name}: cannot decode ({_first_line(e)})") from None
         if rs is not None:
             pending.append(rs.resample_chunk(np.zeros(0, np.float32), last=True))
         if pending and sum(map(len, pending)):

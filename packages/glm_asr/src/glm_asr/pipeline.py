@@ -48,6 +48,10 @@ def decode(engine: Engine, ids: list[int], audio_embeds, max_new_tokens: int, ig
     return generate(engine, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
 
 
+class Dropped(Exception):
+    """A file whose requester has gone before it was transcribed (transcribe_many's dropped)."""
+
+
 @dataclass
 class _File:
     """One input on its way through: its segments by window index as they finish."""
@@ -125,12 +129,15 @@ class Transcriber:
 
     def transcribe_many(self, sources: Iterable[tuple[str, Callable] | None], instruction: str, max_new_tokens: int,
                         progress=None, vad: VadOptions | None = None, ignore_eos: bool = False,
-                        in_order: bool = True) -> Iterator[tuple[str, list[dict] | Exception, float]]:
+                        in_order: bool = True, dropped: Callable[[str], bool] | None = None
+                        ) -> Iterator[tuple[str, list[dict] | Exception, float]]:
         """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
         as it and those before it are done (in_order False: as soon as it is done); open() returns
         an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
         others go on. progress: update(seconds) per window. A live source (a server's) may yield
-        None for "nothing new yet": the work in flight goes on and the source is asked again."""
+        None for "nothing new yet": the work in flight goes on and the source is asked again.
+        dropped(name): whether a file's requester has gone; its reading stops, its windows leave
+        the engine, and it ends with Dropped."""
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
@@ -142,8 +149,12 @@ class Transcriber:
         n_mels = self.model.config.encoder.num_mel_bins
         stop = threading.Event()
 
+        def wanted(index: int) -> bool:
+            """Whether the loop still takes what a reader puts: not stopped, its file not dropped."""
+            return not stop.is_set() and (index < 0 or files[index] is not None and files[index].error is None)
+
         def put(item) -> bool:
-            while not stop.is_set():
+            while wanted(item[0]):
                 try:
                     windows.put(item, timeout=0.1)
                     return True
@@ -164,6 +175,7 @@ class Transcriber:
                         raise RuntimeError("stopped") from None
 
         def read(index: int, opener: Callable) -> None:
+            audio = None
             try:
                 audio = opener()
                 if vad is not None:
@@ -180,6 +192,9 @@ class Transcriber:
                 put((index, n, seconds or end))
             except Exception as e:      # noqa: BLE001 - handed to the caller as this file's result
                 put((index, -1, e))
+            finally:
+                if isinstance(audio, Audio):
+                    audio.close()       # now, not at the next garbage collection (a server's upload)
 
         pool = ThreadPoolExecutor(READERS, thread_name_prefix="glm_asr-read")
         done_before, group, exhausted = 0, [], False
@@ -211,10 +226,12 @@ class Transcriber:
                     except queue.Empty:
                         break
                     wait = 0.0
-                    if isinstance(w, Window):
-                        group.append((index, n, w))
-                    elif isinstance(w, _VadJob):
+                    if isinstance(w, _VadJob):
                         vad_jobs.append(w)
+                    elif files[index] is None or files[index].error is not None:
+                        pass                    # a file dropped while its reader was under way
+                    elif isinstance(w, Window):
+                        group.append((index, n, w))
                     elif isinstance(w, Exception):
                         files[index].error = w
                     else:
@@ -233,6 +250,8 @@ class Transcriber:
                         self._encode(live, files, instruction, max_new_tokens, ignore_eos)
                     room -= len(group)
                     group = []
+                if dropped is not None:
+                    self._drop(files, done_before, dropped)
                 # decode once the batch is full or the readers have nothing more right now
                 if e.busy and (room <= 0 or (windows.empty() and (read_all or not self._encoding()))):
                     for ev in e.step():
@@ -255,8 +274,16 @@ class Transcriber:
         finally:
             stop.set()                          # readers give up within 0.1 s
             pool.shutdown(wait=True, cancel_futures=True)
-            for r in list(self.engine.scheduler.waiting) + list(self.engine.scheduler.running.values()):
-                self.engine.cancel(r)           # a consumer that stopped early leaves nothing running
+            self.engine.cancel_where()          # a consumer that stopped early leaves nothing running
+
+    def _drop(self, files: list, start: int, dropped: Callable[[str], bool]) -> None:
+        """End the files in flight whose requester has gone: their windows leave the engine."""
+        gone = {i for i in range(start, len(files))
+                if files[i] is not None and files[i].error is None and dropped(files[i].name)}
+        for i in gone:
+            files[i].error = Dropped(f"{files[i].name}: dropped (its requester has gone)")
+        if gone:
+            self.engine.cancel_where(lambda r: r.tag[0] in gone)
 
     def _vad(self, jobs: list[_VadJob]) -> None:
         """The speech probabilities of the readers' pending samples, all in one batch on a stream of

@@ -4,8 +4,9 @@
     curl localhost:8000/v1/audio/transcriptions -F file=@talk.flac -F response_format=srt
 
 POST /v1/audio/transcriptions (multipart: file, model, response_format json | text | srt | vtt |
-verbose_json, temperature (only 0), language and prompt (accepted and ignored: OpenAI's prompt is a
-style/context hint, not our instruction; the instruction is the server's `prompt` option)), GET
+verbose_json, temperature (only 0), timestamp_granularities[] (only segment), language and prompt
+(accepted and ignored: OpenAI's prompt is a style/context hint, not our instruction; the
+instruction is the server's `prompt` option)), GET
 /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
 for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
@@ -33,13 +34,14 @@ from omegaconf import DictConfig
 from tilekernels.runtime import from_model_config, pick_device, set_precision
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, ThreadWorker, UploadTooLarge, check_model,
-                                        limited, make_app, serve, submit, wait)
+                                        limited, make_app, run_server, server_options, submit, too_large, wait)
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
-from .pipeline import Transcriber
+from .pipeline import Dropped, Transcriber
 from .transcribe import vad_options
+from .vad import stop_workers
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 CONTENT_TYPES = {"text": "text/plain; charset=utf-8", "srt": "application/x-subrip; charset=utf-8",
@@ -50,14 +52,14 @@ class SharedPipeline(ThreadWorker):
     """One Transcriber.transcribe_many over every upload as it arrives (a live source), results
     handed back as each file completes: the windows of all requests in flight share the encoder
     batches and the engine's decode steps, and each file's text is the CLI's (the engine's tokens
-    do not depend on the batch). A request whose client has gone before its file is read is
-    dropped."""
+    do not depend on the batch). A request whose client has gone is dropped: before its file is
+    read, or from the pipeline (its windows leave the engine)."""
 
     def __init__(self, asr: SpeechRecognizer, o: dict, metrics: Metrics):
         self.asr, self.o = asr, o
         self._jobs: dict[str, Job] = {}
         self._ids = itertools.count()
-        super().__init__(o["max_queue"], metrics, "asr-pipeline")
+        super().__init__(1 + o["max_queue"], metrics, "asr-pipeline")
 
     def submit(self, job: Job) -> Job:
         """job.source: (name, opener) of its upload."""
@@ -68,6 +70,10 @@ class SharedPipeline(ThreadWorker):
     def _done(self, job: Job, result=None, error: BaseException | None = None) -> None:
         super()._done(job, result, error)
         self.metrics.running.set(len(self._jobs))
+
+    def stop(self, timeout: float = 120.0) -> None:
+        super().stop(timeout)
+        stop_workers()          # the VAD's worker processes end with the server, not after it
 
     def _sources(self):
         while True:
@@ -91,24 +97,25 @@ class SharedPipeline(ThreadWorker):
         o = self.o
         vad = vad_settings(o["vad"], o["vad_options"])
         results = self.asr.transcriber.transcribe_many(self._sources(), o["prompt"], o["max_new_tokens"], vad=vad,
-                                                       in_order=False)
+                                                       in_order=False,
+                                                       dropped=lambda key: self._jobs[key].cancelled.is_set())
         for key, result, seconds in results:
             job = self._jobs.pop(key)
-            if isinstance(result, BaseException):
+            if isinstance(result, Dropped):
+                self._done(job, error=ClientGone())
+            elif isinstance(result, BaseException):
                 self._done(job, error=ASRError(str(result)))
             else:
                 self._done(job, Transcript(job.source[0], [Segment(**s) for s in result], seconds=seconds))
 
 
 def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
-    o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
-                      "max_new_tokens": Int, "prompt": Str, "device": Str, "audio_stream": OptInt, "vad": Str,
-                      "output_format": Str, "precision": Str})
-    if o["max_queue"] < 0:
-        raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
+    o = {**server_options(cfg), **options(cfg, {
+        "max_batch": Int, "max_upload_mb": Float, "max_new_tokens": Int, "prompt": Str, "device": Str,
+        "audio_stream": OptInt, "vad": Str, "output_format": Str, "precision": Str})}
     if o["max_batch"] < 1:
         raise ValueError(f"max_batch must be >= 1, got {o['max_batch']}")
-    if o["max_upload_mb"] <= 0:
+    if not 0 < o["max_upload_mb"] < float("inf"):
         raise ValueError(f"max_upload_mb must be > 0, got {o['max_upload_mb']}")
     default_format = {"txt": "text"}.get(o["output_format"], o["output_format"])
     if default_format not in RESPONSE_FORMATS:
@@ -140,12 +147,11 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     async def _handle(request: Request, scratch: str):
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise APIError(400, "send multipart/form-data with a file field", "file")
-        body = limited(request, max_bytes)
+        body = limited(request, max_bytes, "max_upload_mb")
         try:
             form = await body.form(max_files=1, max_fields=64)
         except UploadTooLarge:
-            raise APIError(413, f"upload exceeds the limit of {o['max_upload_mb']:g} MB (max_upload_mb)", "file",
-                           "upload_too_large") from None
+            raise too_large(max_bytes, "max_upload_mb", "file") from None
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - a malformed multipart body
@@ -160,6 +166,10 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
             if fmt not in RESPONSE_FORMATS:
                 raise APIError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
                                "response_format")
+            granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+            if any(g != "segment" for g in granularities):
+                raise APIError(400, "only segment timestamps are supported (timestamp_granularities: segment); "
+                               "word timestamps are not", "timestamp_granularities", "unsupported_parameter")
             temperature = fields.get("temperature")
             if temperature not in (None, ""):
                 try:
@@ -179,7 +189,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         finally:
             await form.close()
         try:
-            seconds = Audio(path, o["audio_stream"], name=name).seconds
+            with Audio(path, o["audio_stream"], name=name) as audio:
+                seconds = audio.seconds
         except AudioError as e:
             raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
 
@@ -219,7 +230,7 @@ def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, lang
 
 def run(cfg: DictConfig) -> None:
     app, o = build_app(cfg)
-    serve(app, o["host"], o["port"], str(cfg.get("log_level") or "info"))
+    run_server(app, o, cfg.get("log_level"))
 
 
 @hydra.main(version_base=None, config_path=config_dir("glm_asr"), config_name="serve")

@@ -11,12 +11,15 @@ are refused with 400), GET /v1/models, /health, /metrics. Every option of python
 the default of the matching request field (max_new_tokens -> max_tokens, num_samples -> n).
 Every request's rows join the engine's running batch (EngineWorker): concurrent requests share each
 decode step, and each gets what python -m gpt.generate gives for it (same seeds, the engine's
-tokens do not depend on the batch).
+tokens do not depend on the batch). A body is read up to max_request_mb and checked whole
+(CompletionRequest) before anything of it reaches the engine; a request asks at most max_rows
+rows (prompts x n, n <= 128), and the queue admits by rows (max_queue past max_batch).
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import hydra
@@ -26,10 +29,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.runtime import GREEDY, Completion, Sampling, check_length, from_model_config, requests, warm_up
+from tilekernels.runtime.sampling import check_seed
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 
 from tilekernels.runtime.server import (APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics, check_model,
-                                        make_app, new_id, serve, submit, wait)
+                                        make_app, new_id, read_body, run_server, server_options, submit, wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
 from .api import GPTError, LanguageModel, load
@@ -37,12 +41,17 @@ from .generate import stop_strings
 
 UNSUPPORTED = {"logprobs": "logprobs are not supported", "suffix": "suffix (insertion) is not supported",
                "logit_bias": "logit_bias is not supported"}
+MAX_N = 128             # completions a prompt (n)
+MAX_STOPS, MAX_STOP_CHARS = 4, 256      # OpenAI's rule: up to 4 stop strings
 
 
 class CompletionRequest:
-    """A checked /v1/completions body: token ids per row (prompt-major, n rows per prompt)."""
+    """A /v1/completions body checked whole before anything of it reaches the engine: every
+    field's type and range (ids in the vocabulary, finite numbers, strings valid UTF-8, at most
+    max_rows rows: prompts x n), the token ids per row (prompt-major, n rows per prompt) and the
+    sampling settings. Any fault is an APIError 400 naming the field."""
 
-    def __init__(self, body: dict, defaults: dict, lm: LanguageModel, model_id: str):
+    def __init__(self, body, defaults: dict, lm: LanguageModel, model_id: str, max_rows: int):
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object")
         check_model(body.get("model"), model_id)
@@ -59,17 +68,14 @@ class CompletionRequest:
                 return default
             if kind is int and (isinstance(v, bool) or not isinstance(v, int)):
                 raise APIError(400, f"{name} must be an integer, got {v!r}", name)
-            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise APIError(400, f"{name} must be a number, got {v!r}", name)
+            if kind is float and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise APIError(400, f"{name} must be a finite number, got {v!r}", name)
             if kind is bool and not isinstance(v, bool):
                 raise APIError(400, f"{name} must be true or false, got {v!r}", name)
             return v
 
+        vocab = lm.model.config.vocab_size
         self.max_tokens = get("max_tokens", defaults["max_new_tokens"], int)
-        self.temperature = float(get("temperature", defaults["temperature"], float))
-        self.top_p = float(get("top_p", defaults["top_p"], float))
-        self.top_k = get("top_k", defaults["top_k"], int)
-        self.repetition_penalty = float(get("repetition_penalty", defaults["repetition_penalty"], float))
         self.n = get("n", defaults["num_samples"], int)
         self.seed = get("seed", defaults["seed"], int)
         self.stream = get("stream", False, bool)
@@ -79,28 +85,31 @@ class CompletionRequest:
             raise APIError(400, "best_of other than n is not supported", "best_of", "unsupported_parameter")
         so = body.get("stream_options") or {}
         self.include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
-        for name, v, low in (("max_tokens", self.max_tokens, 1), ("n", self.n, 1)):
-            if v < low:
-                raise APIError(400, f"{name} must be >= {low}, got {v}", name)
-        stop = body.get("stop", None)
-        if stop is None:
-            stop = defaults["stop"]
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise APIError(400, "stop must be a string or a list of strings", "stop")
-        self.stop = [s for s in stop if s]
+        if self.max_tokens < 1:
+            raise APIError(400, f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        if not 1 <= self.n <= MAX_N:
+            raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
+        try:
+            check_seed(self.seed)
+            self.sampling = Sampling(float(get("temperature", defaults["temperature"], float)),
+                                     get("top_k", defaults["top_k"], int), float(get("top_p", defaults["top_p"], float)),
+                                     float(get("repetition_penalty", defaults["repetition_penalty"], float)))
+        except ValueError as e:
+            raise APIError(400, str(e), str(e).split()[0]) from None
+        if self.sampling.top_k > vocab:
+            raise APIError(400, f"top_k must be in [0, {vocab}] (the vocabulary), got {self.sampling.top_k}", "top_k")
+        self.stop = _stop(body.get("stop", None), defaults["stop"])
         prompt = body.get("prompt", None)
-        if prompt is None:
-            prompt = defaults["prompt"]
-        self.prompts = _prompts(prompt)
+        self.prompts = _prompts(defaults["prompt"] if prompt is None else prompt, vocab)
+        if len(self.prompts) * self.n > max_rows:
+            raise APIError(400, f"{len(self.prompts)} prompt(s) x n={self.n} is more than the {max_rows} rows a "
+                           f"request may ask (max_rows)", "n" if self.n > 1 else "prompt", "too_many_rows")
         with _bad_request():
-            ids, self.sampling = lm._request(self.prompts, self.max_tokens, self.temperature, self.top_k, self.top_p,
-                                             self.repetition_penalty, self.n)
+            ids = lm.encode(self.prompts)
             check_length(lm.model, max(len(i) for i in ids), self.max_tokens)
-        self.ids = ids
+        self.ids = [i for i in ids for _ in range(self.n)]
         self.prompt_texts = [p if isinstance(p, str) else lm.tokenizer.decode(list(p)) for p in self.prompts]
-        self.prompt_tokens = sum(len(i) for i in ids[::self.n])
+        self.prompt_tokens = sum(len(i) for i in ids)
 
 
 class _bad_request:
@@ -113,57 +122,96 @@ class _bad_request:
         return False
 
 
-def _prompts(prompt) -> list:
-    """A string, a list of strings, a list of token ids, or a list of those lists."""
+def _utf8(name: str, text: str) -> str:
+    """text, if it is valid Unicode (JSON's escapes can carry lone surrogates, which UTF-8 cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"{name} must be valid Unicode text (it holds a lone surrogate)", name) from None
+    return text
+
+
+def _stop(stop, default: list[str]) -> list[str]:
+    """The stop strings: a string or a list of at most MAX_STOPS, each at most MAX_STOP_CHARS long."""
+    stop = default if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, "stop must be a string or a list of strings", "stop")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise APIError(400, f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters",
+                       "stop")
+    return [_utf8("stop", s) for s in stop if s]
+
+
+def _prompts(prompt, vocab: int) -> list:
+    """A string, a list of strings, a list of token ids or a list of those lists; ids in [0, vocab)."""
+    def ids(p) -> bool:
+        return isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
     if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return prompt
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return [prompt]
-        if all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
-            return prompt
-    raise APIError(400, "prompt must be a string, a list of strings, token ids or a list of token id lists",
-                   "prompt")
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = prompt
+    elif isinstance(prompt, list) and prompt and ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise APIError(400, "prompt must be a string, a list of strings, token ids or a list of token id lists",
+                       "prompt")
+    for p in prompts:
+        if isinstance(p, str):
+            _utf8("prompt", p)
+        elif p and not 0 <= min(p) <= max(p) < vocab:
+            raise APIError(400, f"prompt: token ids must be in [0, {vocab}), got {min(p)}..{max(p)}", "prompt")
+    return prompts
 
 
 def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
-    o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "max_batch": Int, "max_upload_mb": Float,
-                      "max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
-                      "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "device": Str,
-                      "precision": Str})
-    if o["max_queue"] < 0:
-        raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
-    if o["max_batch"] < 1:
-        raise ValueError(f"max_batch must be >= 1, got {o['max_batch']}")
+    o = {**server_options(cfg), **options(cfg, {
+        "max_batch": Int, "max_rows": Int, "max_request_mb": Float, "max_new_tokens": Int, "temperature": Float,
+        "top_k": Int, "top_p": Float, "repetition_penalty": Float, "seed": OptInt, "num_samples": Int,
+        "device": Str, "precision": Str})}
+    for name in ("max_batch", "max_rows"):
+        if o[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {o[name]}")
+    if not 0 < o["max_request_mb"] < float("inf"):
+        raise ValueError(f"max_request_mb must be > 0, got {o['max_request_mb']}")
     prompt = cfg.get("prompt")
     defaults = {**o, "stop": stop_strings(cfg.get("stop")),
                 "prompt": OmegaConf.to_container(prompt) if OmegaConf.is_config(prompt) else (prompt or "")}
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
     lm = lm or load(str(source), o["device"], precision=o["precision"])
+    max_bytes = int(o["max_request_mb"] * 2 ** 20)
     metrics = Metrics("gpt")
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
     engine = lm.engine(o["max_batch"])
+    check_seed(o["seed"])
+    sampling = Sampling(o["temperature"], o["top_k"], o["top_p"], o["repetition_penalty"])
     if lm.model.xp is not np:       # compiles and captures every batch size, greedy and the defaults' sampling
-        warm_up(engine, (GREEDY, Sampling(o["temperature"], o["top_k"], o["top_p"], o["repetition_penalty"])))
+        warm_up(engine, (GREEDY, sampling))
     app, worker = make_app("gpt", model_id, metrics, lambda: EngineWorker(engine, o["max_queue"], metrics),
                            cfg.get("api_key") or None)
 
+    def parse(raw: bytes, loop: asyncio.AbstractEventLoop) -> tuple[CompletionRequest, EngineJob]:
+        """The checked request and its job (in a thread: a large body's parsing and tokenizing
+        does not hold up the event loop, /health included)."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise APIError(400, "the body must be JSON") from None
+        req = CompletionRequest(body, defaults, lm, model_id, o["max_rows"])
+        return req, EngineJob(requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
+                                       lm.tokenizer), loop)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError):
-            raise APIError(400, "the body must be JSON") from None
-        req = CompletionRequest(body, defaults, lm, model_id)
-        tokens_in.inc(req.prompt_tokens)
+        raw = await read_body(request, max_bytes, "max_request_mb")
+        req, job = await asyncio.to_thread(parse, raw, asyncio.get_running_loop())
         rid, created = new_id("cmpl"), int(time.time())
-
-        job = submit(worker(), EngineJob(requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
-                                                  lm.tokenizer)))
+        submit(worker(), job)
+        tokens_in.inc(req.prompt_tokens)
         job.future.add_done_callback(
             lambda f: f.exception() or tokens_out.inc(sum(len(c.tokens) for c in f.result())))
         if not req.stream:
@@ -173,6 +221,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
                 return JSONResponse({}, status_code=499)
             except ValueError as e:
                 raise APIError(400, str(e)) from None
+            except Exception as e:  # noqa: BLE001 - the engine failed it: a server error, said as such
+                raise APIError(500, str(e)) from None
             choices = [{"text": (req.prompt_texts[i // req.n] if req.echo else "") + c.text, "index": i,
                         "logprobs": None, "finish_reason": c.finish_reason} for i, c in enumerate(outs)]
             return {"id": rid, "object": "text_completion", "created": created, "model": model_id,
@@ -239,7 +289,7 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
 
 def run(cfg: DictConfig) -> None:
     app, o = build_app(cfg)
-    serve(app, o["host"], o["port"], str(cfg.get("log_level") or "info"))
+    run_server(app, o, cfg.get("log_level"))
 
 
 @hydra.main(version_base=None, config_path=config_dir("gpt"), config_name="serve")

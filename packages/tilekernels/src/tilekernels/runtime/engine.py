@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from . import precision
 from .device import device_stream
 from .protocol import DecoderModel
 from .runner import BUCKETS, ModelRunner
+from .sampling import Sampling
 from .scheduler import Scheduler
 from .sequence import Request
 
@@ -84,10 +85,18 @@ class Engine:
         self.scheduler.add(request)
 
     def check(self, request: Request) -> None:
-        """Raise ValueError for a request that could never run."""
-        if not request.prompt:
+        """Raise ValueError for a request that could never run: everything of its own that a step
+        reads (ids, sampling settings, embeddings) is checked here, before it joins a batch."""
+        prompt, vocab = request.prompt, self.runner.vocab
+        if not prompt:
             raise ValueError("empty prompt: give at least one token")
-        check_length(self.model, len(request.prompt), request.max_new_tokens)
+        if not 0 <= min(prompt) <= max(prompt) < vocab:
+            raise ValueError(f"token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
+        if not isinstance(request.sampling, Sampling) or request.sampling.top_k > vocab:
+            raise ValueError(f"top_k must be in [0, {vocab}] (the vocabulary), got {request.sampling.top_k}")
+        if request.embeds is not None and request.embeds.shape[0] != len(prompt):
+            raise ValueError(f"embeds hold {request.embeds.shape[0]} positions for {len(prompt)} prompt tokens")
+        check_length(self.model, len(prompt), request.max_new_tokens)
         if len(request.prompt) + request.max_new_tokens - 1 > self.capacity:
             raise ValueError(f"prompt ({len(request.prompt)} tokens) + max_new_tokens ({request.max_new_tokens}) "
                              f"exceeds the engine's {self.capacity} positions a slot")
@@ -103,6 +112,11 @@ class Engine:
         elif self.scheduler.running.get(request.slot) is request:
             with self.stream:       # its row's settings reset in order with the engine's other work
                 self._finish(request)
+
+    def cancel_where(self, which: Callable[[Request], bool] = lambda r: True) -> None:
+        """Drop every waiting or running request for which which(request) holds (all by default)."""
+        for r in [r for r in [*self.scheduler.waiting, *self.scheduler.running.values()] if which(r)]:
+            self.cancel(r)
 
     def step(self) -> list[Event]:
         """Fold in the flow's next replay of tokens. Without a flow under way, or once a waiting
@@ -183,7 +197,10 @@ class Engine:
         self.flow, self.flow_rows, self.flow_left = None, {}, 0
 
     def _push(self, r: Request, token: int) -> Event:
-        piece = r.push(token)
+        try:
+            piece = r.push(token)
+        except Exception as e:      # noqa: BLE001 - its own text or stop strings failed: it alone ends
+            r.error, piece = e.with_traceback(None), ""     # no cycle through this step's frames
         if r.finished:
             self._finish(r)
         else:
@@ -194,3 +211,5 @@ class Engine:
         self.scheduler.finish(r)
         self.runner.release(r.slot)
         self.last.pop(r.slot, None)
+        if not self.scheduler.running:
+            self._end_flow()        # nothing left to decode: the flow lets go of its rows now

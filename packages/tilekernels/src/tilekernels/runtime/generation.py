@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Sequence
 
 from .engine import Engine
-from .sampling import GREEDY, Sampling
+from .sampling import GREEDY, Sampling, check_seed
 from .sequence import Completion, Request
 
 
@@ -14,6 +14,7 @@ def requests(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
              ignore_eos: bool = False) -> list[Request]:
     """One Request a prompt, prompt i drawing from [seed, i] (so its tokens do not depend on
     which other prompts run beside it)."""
+    check_seed(seed)
     eos = frozenset() if ignore_eos else frozenset(engine.model.eos_ids)
     return [Request(list(p), max_new_tokens, sampling, None if seed is None else [seed, i], stop, eos,
                     None if embeds is None else embeds[i], tokenizer, i) for i, p in enumerate(prompts)]
@@ -64,6 +65,8 @@ def run(engine: Engine, reqs: list[Request]) -> Iterator[tuple[int, str]]:
         while not all(r.finished for r in reqs):
             for e in engine.step():
                 if id(e.request) in mine:
+                    if e.request.error is not None:
+                        raise e.request.error
                     yield e.request.tag, e.piece
     finally:
         for r in reqs:

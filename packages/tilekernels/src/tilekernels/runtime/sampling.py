@@ -11,6 +11,13 @@ import numpy as np
 
 import tilekernels as tk
 
+INT32_MAX = 2 ** 31 - 1
+
+
+MAX_TEMPERATURE = 100.0       # past it every distribution is flat to float32's precision
+MAX_PENALTY = 100.0
+MAX_SEED = 2 ** 63 - 1
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -20,14 +27,21 @@ class Sampling:
     repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:      # NaN fails every comparison
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.top_k <= INT32_MAX:
+            raise ValueError(f"top_k must be in [0, {INT32_MAX}], got {self.top_k}")
+        if not 0 < self.repetition_penalty <= MAX_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], got {self.repetition_penalty}")
+
+
+def check_seed(seed) -> None:
+    """A seed the draws accept: None or an integer in [0, 2**63 - 1]."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or not 0 <= seed <= MAX_SEED):
+        raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
 
 
 GREEDY = Sampling(temperature=0)

@@ -37,7 +37,8 @@ class Request:
     """A prompt to continue (token ids; embeds: its input embeddings (T, C) when the model builds
     them itself, GLM-ASR's audio prompts) for up to max_new_tokens, ended early by an eos id or a
     stop string. seed: its own draws (a row's tokens never depend on the other rows'). tag: the
-    caller's, handed back with the results."""
+    caller's, handed back with the results. error: what ended it, when something of its own
+    failed in a step (its text, its stop strings): it alone ends, the rows beside it go on."""
     prompt: list[int]
     max_new_tokens: int
     sampling: Sampling = GREEDY
@@ -49,6 +50,7 @@ class Request:
     tag: object = None
     out: Completion = field(default_factory=Completion)
     slot: int = -1
+    error: BaseException | None = None
 
     def __post_init__(self):
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
@@ -57,7 +59,7 @@ class Request:
 
     @property
     def finished(self) -> bool:
-        return self.out.done or len(self.out.tokens) >= self.max_new_tokens
+        return self.out.done or len(self.out.tokens) >= self.max_new_tokens or self.error is not None
 
     @property
     def remaining(self) -> int:

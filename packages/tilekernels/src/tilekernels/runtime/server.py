@@ -1,8 +1,9 @@
 """What both OpenAI-compatible servers (python -m gpt.serve, python -m glm_asr.serve) share, free
 of any model: OpenAI-shaped errors, the api_key check, Prometheus metrics, Job and EngineWorker
-(one thread stepping the engine, every request's rows joining its running batch; glm_asr.serve
-has a worker of its own around its pipeline), the upload limit checked while the body streams in,
-and running uvicorn with graceful SIGTERM.
+(one thread stepping the engine, every request's rows joining its running batch, admitted by the
+rows it asks; glm_asr.serve has a worker of its own around its pipeline), the body limit checked
+while the body streams in, the options both take, and running uvicorn with graceful SIGTERM and
+read deadlines (connections.py).
 
 Needs fastapi, uvicorn, python-multipart and prometheus-client (dependencies of gpt and glm_asr).
 """
@@ -23,7 +24,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
+from .cli import Float, Int, Str, options
 from .device import freeze_heap
 
 log = logging.getLogger("tilekernels.server")
@@ -61,7 +64,8 @@ class ClientGone(Exception):
 class Job:
     """One request's work for a worker thread: the worker sets future, may emit(item) to stream
     items to the request (thread-safe) and drops or stops the work once cancelled is set (its
-    client went away)."""
+    client went away). rows: what it weighs in the worker's queue."""
+    rows = 1
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self.future = concurrent.futures.Future()
@@ -88,15 +92,17 @@ class EngineJob(Job):
     def __init__(self, requests: list, loop: asyncio.AbstractEventLoop | None = None):
         super().__init__(loop)
         self.requests = requests
+        self.rows = len(requests)
 
 
 class ThreadWorker:
-    """A model's thread fed by an inbox of jobs: up to 1 + max_queue jobs in flight (QueueFull
-    beyond), each finished by _done; stop() lets those in flight finish, then returns. Subclasses
-    set their own state, then call this __init__ (which starts _run)."""
+    """A model's thread fed by an inbox of jobs, each finished by _done; stop() lets those in
+    flight finish, then returns. Admission counts rows (Job.rows): a job joins while the rows in
+    flight and its own fit in `capacity`, or alone (nothing in flight), QueueFull otherwise.
+    Subclasses set their own state, then call this __init__ (which starts _run)."""
 
-    def __init__(self, max_queue: int, metrics: "Metrics", name: str):
-        self.max_queue, self.metrics = max_queue, metrics
+    def __init__(self, capacity: int, metrics: "Metrics", name: str):
+        self.capacity, self.metrics = capacity, metrics
         self._inbox: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._live = 0
@@ -106,9 +112,9 @@ class ThreadWorker:
 
     def submit(self, job: Job) -> Job:
         with self._lock:
-            if self._live >= self.max_queue + 1:
+            if self._live and self._live + job.rows > self.capacity:
                 raise QueueFull()
-            self._live += 1
+            self._live += job.rows
         self._inbox.put(job)
         return job
 
@@ -118,7 +124,7 @@ class ThreadWorker:
         else:
             job.future.set_exception(error)
         with self._lock:
-            self._live -= 1
+            self._live -= job.rows
 
     def _run(self) -> None:
         raise NotImplementedError
@@ -128,20 +134,25 @@ class ThreadWorker:
         self._thread.join(timeout)
 
 
+class EngineFailed(RuntimeError):
+    """An engine step failed for no one request's fault: every request in flight ends with it."""
+
+
 class EngineWorker(ThreadWorker):
     """The engine behind one thread: each job's requests join the running batch at the next step
     and leave it as they finish (continuous batching), so concurrent requests share every decode
-    step, and each gets the tokens it gets alone (the engine's do not depend on the batch). A
-    cancelled job's rows leave at the next step, freeing their slots."""
+    step, and each gets the tokens it gets alone (the engine's do not depend on the batch). A job
+    ends, and everything of it is let go (its rows, its bookkeeping), when its requests finish,
+    when one of them fails (its error, that job alone) or when its client leaves. Capacity:
+    the engine's rows plus max_queue rows waiting."""
 
     def __init__(self, engine, max_queue: int, metrics: "Metrics"):
         self.engine = engine
-        super().__init__(max_queue, metrics, "engine-worker")
+        self._active: list[EngineJob] = []
+        self._owner: dict[int, EngineJob] = {}       # id(request) -> its job, while the job is active
+        super().__init__(engine.max_batch + max_queue, metrics, "engine-worker")
 
-    def _done(self, job: EngineJob, result=None, error: BaseException | None = None) -> None:
-        super()._done(job, None if error is not None else [r.out for r in job.requests], error)
-
-    def _admit(self, job: EngineJob, active: list, owner: dict) -> None:
+    def _admit(self, job: EngineJob) -> None:
         if job.cancelled.is_set():
             return self._done(job, error=ClientGone())
         try:
@@ -151,57 +162,66 @@ class EngineWorker(ThreadWorker):
             return self._done(job, error=e)
         for r in job.requests:
             self.engine.add(r)
-            owner[id(r)] = job
-        active.append(job)
+            self._owner[id(r)] = job
+        self._active.append(job)
+
+    def _retire(self, job: EngineJob, error: BaseException | None = None) -> None:
+        """End a job: its unfinished rows leave the engine, its bookkeeping goes, its future is set."""
+        self._active.remove(job)
+        for r in job.requests:
+            self._owner.pop(id(r), None)
+            if not r.finished:
+                self.engine.cancel(r)
+        failed = next((r.error for r in job.requests if r.error is not None), None)
+        error = error or failed
+        self._done(job, None if error is not None else [r.out for r in job.requests], error)
 
     def _run(self) -> None:
-        active: list[EngineJob] = []
-        owner: dict[int, EngineJob] = {}
         while True:
-            busy = self.engine.busy
-            try:
-                job = self._inbox.get(block=not busy, timeout=None if busy else 0.1)
-                while job is not None:
-                    self._admit(job, active, owner)
-                    job = self._inbox.get_nowait()
-            except queue.Empty:
-                pass
-            for job in [j for j in active if j.cancelled.is_set()]:
-                for r in job.requests:
-                    if not r.finished:
-                        self.engine.cancel(r)
-                active.remove(job)
-                self._done(job, error=ClientGone())
-            s = self.engine.scheduler
-            self.metrics.queue_depth.set(len(s.waiting))
+            self._take()
             if not self.engine.busy:
                 self.metrics.running.set(0)
                 if self._stopping.is_set() and self._inbox.empty():
                     return
                 continue
-            try:
-                events = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - every request in flight fails with it, the worker goes on
-                for job in active:
-                    for r in job.requests:
-                        if not r.finished:
-                            self.engine.cancel(r)
-                    self._done(job, error=e)
-                active.clear()
-                continue
-            self.metrics.running.set(len(s.running))
-            pieces: dict[EngineJob, list] = {}
-            for ev in events:
-                job = owner.get(id(ev.request))
-                if job is not None and ev.piece:
-                    pieces.setdefault(job, []).append((ev.request.tag, ev.piece))
-            for job, items in pieces.items():
-                job.emit(items)
-            for job in [j for j in active if all(r.finished for r in j.requests)]:
-                active.remove(job)
-                for r in job.requests:
-                    owner.pop(id(r), None)
-                self._done(job)
+            self._step()
+
+    def _take(self) -> None:
+        """Admit the jobs in the inbox (waiting up to 0.1 s for one while the engine is idle) and
+        retire those whose clients have left."""
+        busy = self.engine.busy
+        try:
+            job = self._inbox.get(block=not busy, timeout=None if busy else 0.1)
+            while job is not None:
+                self._admit(job)
+                job = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        for job in [j for j in self._active if j.cancelled.is_set()]:
+            self._retire(job, ClientGone())
+        self.metrics.queue_depth.set(len(self.engine.scheduler.waiting))
+
+    def _step(self) -> None:
+        """One engine step: its text to each job's stream, then the jobs it ended retired."""
+        try:
+            events = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - no one request's: all in flight end, the worker goes on
+            log.exception("engine step failed")
+            for job in list(self._active):
+                self._retire(job, EngineFailed(f"the engine failed ({e.__class__.__name__}); retry"))
+            return
+        self.metrics.running.set(len(self.engine.scheduler.running))
+        pieces: dict[EngineJob, list] = {}
+        for ev in events:
+            job = self._owner.get(id(ev.request))
+            if job is not None and ev.piece:
+                pieces.setdefault(job, []).append((ev.request.tag, ev.piece))
+        for job, items in pieces.items():
+            job.emit(items)
+        for job in [j for j in self._active if all(r.finished for r in j.requests)
+                    or any(r.error is not None for r in j.requests)]:
+            self._retire(job)
+
 
 async def wait(request: Request, job: Job, poll_s: float = 0.25):
     """The job's result; a client that disconnects first cancels it (ClientGone)."""
@@ -311,6 +331,10 @@ def make_app(title: str, model_id: str, metrics: Metrics, worker: Callable[[], A
         return error_response(400, f"{'.'.join(loc) or 'request'}: {first.get('msg', 'invalid')}",
                               ".".join(loc) or None)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_request, _e):
+        return error_response(499, "the client closed the connection")
+
     @app.exception_handler(Exception)
     async def _internal(_request, e: Exception):
         log.exception("internal error")
@@ -356,11 +380,11 @@ def new_id(prefix: str) -> str:
 
 
 def submit(worker, job: Job) -> Job:
-    """The job on the worker; 503 when the queue is full."""
+    """The job on the worker; 503 when its queue is full."""
     try:
         return worker.submit(job)
     except QueueFull:
-        raise APIError(503, f"the server is busy: {worker.max_queue} requests already wait; retry later",
+        raise APIError(503, "the server is busy: its queue is full (max_queue); retry later",
                        code="queue_full") from None
 
 
@@ -368,13 +392,17 @@ class UploadTooLarge(Exception):
     pass
 
 
-def limited(request: Request, max_bytes: int) -> Request:
-    """The request with its body counted as it streams in: past max_bytes (or a Content-Length
-    over it) reading raises APIError 413 at once, before the rest is received."""
+def too_large(max_bytes: int, option: str, param: str | None = None) -> APIError:
+    return APIError(413, f"the request body exceeds the limit of {max_bytes / 2 ** 20:g} MB ({option})", param,
+                    "request_too_large")
+
+
+def limited(request: Request, max_bytes: int, option: str) -> Request:
+    """The request with its body counted as it streams in: a Content-Length over max_bytes is a
+    413 at once, and reading past max_bytes raises UploadTooLarge, before the rest is received."""
     length = request.headers.get("content-length")
     if length and length.isdigit() and int(length) > max_bytes:
-        raise APIError(413, f"upload of {int(length)} bytes exceeds the limit of {max_bytes} bytes",
-                       code="upload_too_large")
+        raise too_large(max_bytes, option)
     seen = 0
     receive = request.receive
 
@@ -390,23 +418,51 @@ def limited(request: Request, max_bytes: int) -> Request:
     return Request(request.scope, counting)
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "info") -> None:
+async def read_body(request: Request, max_bytes: int, option: str) -> bytes:
+    """The whole body, refused (413) as soon as it is known to pass max_bytes."""
+    body = limited(request, max_bytes, option)
+    try:
+        return await body.body()
+    except UploadTooLarge:
+        raise too_large(max_bytes, option) from None
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_keep_alive: float = 5,
+          timeout_read: float = 15) -> None:
     """Run app on uvicorn until SIGINT/SIGTERM: it stops accepting, lets the running requests
-    finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143)."""
+    finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143).
+    A connection idle between requests closes after timeout_keep_alive seconds; one whose
+    request head takes longer than timeout_read, or whose body pauses longer, too
+    (connections.py)."""
     import uvicorn
 
+    from .connections import timed_h11
+
     freeze_heap()       # what loading and warm-up built: out of the collector's full passes
-    config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None)
+    config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None,
+                            http=timed_h11(timeout_read), timeout_keep_alive=timeout_keep_alive)
     uvicorn.Server(config).run()
 
 
-def positive(name: str, value, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+def server_options(cfg) -> dict:
+    """The options both servers share, checked: host, port, max_queue, the connection timeouts."""
+    o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "timeout_keep_alive": Float, "timeout_read": Float})
+    if not 0 <= o["port"] <= 65535:
+        raise ValueError(f"port must be in [0, 65535], got {o['port']}")
+    if o["max_queue"] < 0:
+        raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
+    for name in ("timeout_keep_alive", "timeout_read"):
+        if not 0 < o[name] < float("inf"):
+            raise ValueError(f"{name} must be a number of seconds > 0, got {o[name]}")
+    return o
 
 
-__all__ = ["APIError", "ClientGone", "EngineJob", "EngineWorker", "Job", "Metrics", "QueueFull", "ThreadWorker",
-           "UploadTooLarge",
-           "check_model", "error_body",
-           "error_response", "limited", "make_app", "new_id", "serve", "submit", "wait", "PlainTextResponse"]
+def run_server(app: FastAPI, o: dict, log_level) -> None:
+    """serve() with the shared options o (server_options)."""
+    serve(app, o["host"], o["port"], str(log_level or "info"), o["timeout_keep_alive"], o["timeout_read"])
+
+
+__all__ = ["APIError", "ClientGone", "EngineFailed", "EngineJob", "EngineWorker", "Job", "Metrics", "QueueFull",
+           "ThreadWorker", "UploadTooLarge", "check_model", "error_body", "error_response", "limited", "make_app",
+           "new_id", "read_body", "run_server", "serve", "server_options", "submit", "too_large", "wait",
+           "PlainTextResponse"]
