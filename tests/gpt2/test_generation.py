@@ -110,11 +110,17 @@ def test_prompt_file_lines_decode_the_same_at_any_max_batch(ckpt, tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["model=gpt2"], "not in the local cache and the hub is unreachable"),
     (["model.path=/nonexistent/dir"], "/nonexistent/dir: no such directory"),
-    (["temperature=-1"], "temperature must be >= 0"),
+    (["temperature=-1"], "temperature must be in [0, 100]"),
+    (["temperature=inf"], "temperature must be in [0, 100]"),
+    (["temperature=nan"], "temperature must be in [0, 100]"),
+    (["repetition_penalty=1e308"], "repetition_penalty must be in (0, 100]"),
     (["top_p=0"], "top_p must be in (0, 1]"),
     (["top_p=1.5"], "top_p must be in (0, 1]"),
-    (["top_k=-3"], "top_k must be >= 0"),
+    (["top_k=-3"], "top_k must be in [0, "),
+    (["top_k=1000000000000"], "top_k must be in [0, "),
+    (["seed=-1"], "seed must be an integer in [0, 2**63 - 1]"),
     (["prompt_file=/nonexistent.txt"], "prompt_file /nonexistent.txt: cannot read"),
+    (["prompt_file=/dev/zero"], "prompt_file /dev/zero: not a regular file"),
     (["max_new_tokens=500"], "exceeds the model's 64 positions"),
 ])
 def test_cli_bad_input_one_line(ckpt, args, message):
@@ -123,6 +129,15 @@ def test_cli_bad_input_one_line(ckpt, args, message):
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_prompt_file_past_16_mb_is_one_error_line(ckpt, tmp_path):
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as f:
+        f.truncate(16 * 2 ** 20 + 1)
+    r = cli(f"model.path={ckpt}", f"prompt_file={big}", "device=cpu")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == f"error: prompt_file {big}: larger than 16 MB"
 
 
 def test_vocab_and_merges_tokenizer(ckpt, tmp_path):

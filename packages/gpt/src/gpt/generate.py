@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import stat
 import sys
 from pathlib import Path
 
@@ -21,12 +22,21 @@ DATA = Path(__file__).resolve().parent / "data"
 OmegaConf.register_new_resolver("gpt_data", lambda name: str(DATA / name), replace=True)
 
 
+MAX_PROMPT_FILE = 16 * 2 ** 20
+
+
 def read_prompts(prompt, prompt_file: str | None) -> list[str]:
     """The prompts: prompt_file's lines (one prompt a line, blank lines skipped, a literal \\n in a
-    line a newline), else the prompt option (a string or a list)."""
+    line a newline; a regular file of at most 16 MB), else the prompt option (a string or a list)."""
     if prompt_file:
+        path = Path(prompt_file).expanduser()
         try:
-            text = Path(prompt_file).expanduser().read_text()
+            st = path.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"prompt_file {prompt_file}: not a regular file")
+            if st.st_size > MAX_PROMPT_FILE:
+                raise ValueError(f"prompt_file {prompt_file}: larger than {MAX_PROMPT_FILE >> 20} MB")
+            text = path.read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(f"prompt_file {prompt_file}: cannot read ({e.__class__.__name__}: "
                              f"{getattr(e, 'strerror', None) or e})") from None
