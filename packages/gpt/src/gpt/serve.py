@@ -43,6 +43,7 @@ UNSUPPORTED = {"logprobs": "logprobs are not supported", "suffix": "suffix (inse
                "logit_bias": "logit_bias is not supported"}
 MAX_N = 128             # completions a prompt (n)
 MAX_STOPS, MAX_STOP_CHARS = 4, 256      # OpenAI's rule: up to 4 stop strings
+INLINE_BYTES = 1 << 16  # bodies parsed on the event loop; larger ones in a thread
 
 
 class CompletionRequest:
@@ -195,8 +196,9 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
                            cfg.get("api_key") or None)
 
     def parse(raw: bytes, loop: asyncio.AbstractEventLoop) -> tuple[CompletionRequest, EngineJob]:
-        """The checked request and its job (in a thread: a large body's parsing and tokenizing
-        does not hold up the event loop, /health included)."""
+        """The checked request and its job; a body past INLINE_BYTES in a thread (its parsing and
+        tokenizing do not hold up the event loop, /health included), a small one at once (no
+        hand-off to a thread for the common request)."""
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):
@@ -208,7 +210,8 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     @app.post("/v1/completions")
     async def completions(request: Request):
         raw = await read_body(request, max_bytes, "max_request_mb")
-        req, job = await asyncio.to_thread(parse, raw, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        req, job = parse(raw, loop) if len(raw) <= INLINE_BYTES else await asyncio.to_thread(parse, raw, loop)
         rid, created = new_id("cmpl"), int(time.time())
         submit(worker(), job)
         tokens_in.inc(req.prompt_tokens)
