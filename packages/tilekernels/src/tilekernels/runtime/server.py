@@ -212,15 +212,20 @@ class EngineWorker(ThreadWorker):
             return
         self.metrics.running.set(len(self.engine.scheduler.running))
         pieces: dict[EngineJob, list] = {}
+        ended: dict[EngineJob, None] = {}       # jobs a request of which finished or failed in this step
         for ev in events:
             job = self._owner.get(id(ev.request))
-            if job is not None and ev.piece:
+            if job is None:
+                continue
+            if ev.piece:
                 pieces.setdefault(job, []).append((ev.request.tag, ev.piece))
+            if ev.finished:
+                ended[job] = None
         for job, items in pieces.items():
             job.emit(items)
-        for job in [j for j in self._active if all(r.finished for r in j.requests)
-                    or any(r.error is not None for r in j.requests)]:
-            self._retire(job)
+        for job in ended:
+            if all(r.finished for r in job.requests) or any(r.error is not None for r in job.requests):
+                self._retire(job)
 
 
 async def wait(request: Request, job: Job, poll_s: float = 0.25):
