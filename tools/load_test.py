@@ -16,8 +16,8 @@ that the clients' own Python is not what is measured), each sending requests bac
   (audio seconds / wall seconds), latency p50/p99.
 Every round is run four times: the first compiles and captures what that concurrency needs
 (prefill graphs of its batch sizes), as in a server that has been running; the median of the
-other three is reported, with all three in the order run (`rounds`; before 2026-11-26's fourth
-session's last commit, sorted): the rounds of 64 gpt clients differ by up to a third. A
+other three is reported, with all three in the order run (`rounds`): the rounds of 64 gpt
+clients differ by up to a third. A
 time to first token is only measured from text: greedy tokens of random weights that decode to
 no text (partial UTF-8) leave it null. Every server is stopped at the end, whatever happens.
 """
@@ -106,12 +106,12 @@ def asr_body(flac: bytes) -> bytes:
     return b"".join(parts)
 
 
-async def request(session, kind: str, url: str, body: bytes) -> tuple[float | None, float, int]:
+async def request(http, kind: str, url: str, body: bytes) -> tuple[float | None, float, int]:
     """One request: (time to first text or None, latency, tokens). A gpt completion is streamed
     (server-sent events, its token count from the usage chunk); a transcription is one reply."""
     route, ctype = ROUTES[kind]
     t0, first, tokens = time.perf_counter(), None, 0
-    async with session.post(url + route, data=body, headers={"content-type": ctype}) as r:
+    async with http.post(url + route, data=body, headers={"content-type": ctype}) as r:
         if r.status != 200:
             raise RuntimeError(f"{kind}: HTTP {r.status}: {(await r.read())[:300]!r}")
         if kind == "asr":
@@ -148,10 +148,10 @@ def clients(kind: str, url: str, body: bytes, c: int, left, start, results) -> N
     async def run():
         out = []
         timeout = aiohttp.ClientTimeout(total=600)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
             async def client():
                 while take():
-                    out.append(await request(session, kind, url, body))
+                    out.append(await request(http, kind, url, body))
             start.wait()
             began = time.monotonic()
             await asyncio.gather(*[client() for _ in range(c)])
