@@ -48,3 +48,30 @@ def test_models_do_not_import_each_other(package, src, other):
 def test_the_runtime_imports_no_model():
     for p in sources("tilekernels", "tilekernels/runtime"):
         assert not {m for m in imported(p) if m.split(".")[0] in ("gpt", "glm_asr")}, p
+
+
+ENGINE_INSIDES = {"scheduler", "runner", "flow", "flow_on", "flow_rows", "flow_left", "held_since", "last"}
+
+
+def engine_insides(path: Path) -> list[str]:
+    """`<engine>.<inside>` in a file: an attribute of ENGINE_INSIDES read off a name `engine` or
+    `e`, or off any `.engine`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_INSIDES:
+            v = node.value
+            if (isinstance(v, ast.Name) and v.id in ("engine", "e")) or (isinstance(v, ast.Attribute)
+                                                                       and v.attr == "engine"):
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+    return found
+
+
+def test_nothing_outside_the_runtime_reaches_into_the_engine(tmp_path):
+    """Models, CLIs and servers use the engine's public face (add, cancel, cancel_where, step,
+    busy, waiting, running, free, stream), never its scheduler, runner or flow."""
+    files = sources("gpt", "gpt") + sources("glm_asr", "glm_asr") + sorted((PACKAGES.parent / "tools").glob("*.py"))
+    assert len(files) > 20
+    assert [hit for p in files for hit in engine_insides(p)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text("n = len(self.engine.scheduler.waiting)\ne = x\ne.runner.prefill\nscheduler.waiting\n")
+    assert sorted(engine_insides(probe)) == ["probe.py:1 .scheduler", "probe.py:3 .runner"]

@@ -217,7 +217,7 @@ class Transcriber:
                 # before its batch is full): a prefill queued sooner would wait behind them anyway, and
                 # the windows read meanwhile join the same group, prefill and flow
                 e = self.engine
-                room = e.max_batch - len(e.scheduler.running) - len(e.scheduler.waiting)
+                room = e.free
                 encoding = self._encoding()
                 wait = 0.1 if not e.busy and not group and not encoding else POLL_S if encoding else 0.0
                 while len(group) < min(self.encoder_batch, max(room, 1)):

@@ -105,6 +105,21 @@ class Engine:
     def busy(self) -> bool:
         return self.scheduler.busy
 
+    @property
+    def waiting(self) -> int:
+        """Requests added and not yet running."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def running(self) -> int:
+        """Requests decoding now, a row each."""
+        return len(self.scheduler.running)
+
+    @property
+    def free(self) -> int:
+        """Rows no request holds or waits for: what more could join now without waiting."""
+        return self.max_batch - self.running - self.waiting
+
     def cancel(self, request: Request) -> None:
         """Drop a request, waiting or running (a client that went away)."""
         if request in self.scheduler.waiting:

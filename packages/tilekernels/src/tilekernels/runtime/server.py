@@ -199,7 +199,7 @@ class EngineWorker(ThreadWorker):
             pass
         for job in [j for j in self._active if j.cancelled.is_set()]:
             self._retire(job, ClientGone())
-        self.metrics.queue_depth.set(len(self.engine.scheduler.waiting))
+        self.metrics.queue_depth.set(self.engine.waiting)
 
     def _step(self) -> None:
         """One engine step: its text to each job's stream, then the jobs it ended retired."""
@@ -210,7 +210,7 @@ class EngineWorker(ThreadWorker):
             for job in list(self._active):
                 self._retire(job, EngineFailed(f"the engine failed ({e.__class__.__name__}); retry"))
             return
-        self.metrics.running.set(len(self.engine.scheduler.running))
+        self.metrics.running.set(self.engine.running)
         pieces: dict[EngineJob, list] = {}
         ended: dict[EngineJob, None] = {}       # jobs a request of which finished or failed in this step
         for ev in events:
