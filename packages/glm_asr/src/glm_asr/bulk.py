@@ -419,8 +419,8 @@ def _worker_process():
     exits with this process, however this one ends), env in its environment
     from its first instruction, as CUDA_VISIBLE_DEVICES must be before anything starts CUDA
     (Nanny(env=...) sets it in the worker process once that has imported the command's modules).
-    With the Nannies inside the client process instead, gpus=2 on an H200 pair ran slower than one
-    GPU (515x against 769x; this way 1,196x, docs/scaling.md)."""
+    With the Nannies inside the client process instead, two GPUs ran slower than one
+    (docs/scaling.md)."""
     import asyncio
 
     from distributed.deploy.subprocess import Subprocess

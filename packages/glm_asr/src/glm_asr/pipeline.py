@@ -240,7 +240,7 @@ class Transcriber:
                     self._vad(vad_jobs)
                     vad_jobs = []
                 # once every input is read no window can join a group or the batch any more: then the
-                # prefill queues behind the encoder pass at once (the clip's latency: ~1.2 ms sooner)
+                # prefill queues behind the encoder pass at once (a short clip's answer comes sooner)
                 read_all = exhausted and all(f is None or f.total is not None or f.error is not None
                                              for f in files[done_before:])
                 ready = windows.empty() and (read_all or not self._encoding())

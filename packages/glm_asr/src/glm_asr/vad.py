@@ -50,7 +50,7 @@ WARMUP_S = 1.0              # the overlap of a block with the one before it
 MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted work)
 BATCH = 32                  # blocks stepped together (rows of one LSTM step)
 DEVICE_FRAMES = 16384       # frames encoded at once on the GPU (~15 KB each of temporaries)
-CHUNK = 256                 # frames of each block encoded at once (32 was slower on the H100 host)
+CHUNK = 256                 # frames of each block encoded at once (fewer were slower)
 MAX_WINDOW_S = 30.0         # the encoder's window
 MODEL_PATH = Path(__file__).resolve().parent / "data" / "silero_vad_16k.safetensors"  # tools/convert_silero.py
 

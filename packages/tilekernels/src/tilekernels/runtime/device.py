@@ -96,8 +96,8 @@ def device_stream(xp):
 def freeze_heap() -> None:
     """Collect, then take every object alive (a loaded model, compiled kernels, captured graphs,
     configs) out of the garbage collector's full passes (gc.freeze). Each full pass scanned them
-    all with the GIL held: 130-200 ms, every few seconds under load, stalling the engine's token
-    loop and every request beside it. The
+    all with the GIL held, every few seconds under load, stalling the engine's token loop and
+    every request beside it (docs/performance.md). The
     collection first keeps unreachable cycles (a dropped engine and its KV cache) from being
     frozen for good; once the heap is frozen it scans only what is new, a few ms. Called once
     the long-lived state is built: after warm-up, before serving, as a pipeline run starts."""

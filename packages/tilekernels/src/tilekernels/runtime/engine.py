@@ -193,8 +193,8 @@ class Engine:
         """Decode the running rows as far as the furthest one needs (a row past its end computes
         steps that are ignored), within every row's slot; rows just admitted start from `first`
         (runner.FirstTokens) on the device. Waiting requests end it by the rule of _admit_now, not
-        at the first row to finish: a flow cut at each end admitted one request at a time (gpt2's
-        mixed load ran slower than static batches, 24,740 against 27,860 tok/s)."""
+        at the first row to finish: a flow cut at each end admits one request at a time, which
+        made continuous batching slower than static batches (docs/performance.md)."""
         running = self.scheduler.running
         new = {id(r) for r in admitted}
         room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)

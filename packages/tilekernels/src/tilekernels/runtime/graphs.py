@@ -1,8 +1,8 @@
 """A decode step captured once as a CUDA graph and replayed for every token (DecodeGraph), and
 whole stages replayed from a graph per input shape (ShapeGraphs: GLM-ASR's encoder and prefill).
 
-At batch 1 a step is ~60 (GPT-2) to ~140 (GLM-ASR) kernel launches whose host cost (~30 us
-each through Python and ct.launch) exceeds the GPU work several times over; a graph
+At batch 1 a step is tens of kernel launches (GPT-2) to over a hundred (GLM-ASR) whose host
+cost through Python and ct.launch exceeds the GPU work several times over; a graph
 replays them back to back, each kernel launched as a programmatic dependent of the one
 before (see tilekernels.dependent_launch), so it is scheduled while its predecessor runs.
 Everything a step reads that changes per token (its input embeddings, positions, the cache
@@ -22,7 +22,7 @@ from .kvcache import KVCache
 from .sampling import GREEDY, Sampler
 
 
-CHAIN = 8       # greedy steps a replay (gpt2, H100: 1 / 8 / 16 a graph 255.6 / 246.4 / 246.1 us a token)
+CHAIN = 8       # greedy steps a replay: longer chains gain nothing more (docs/performance.md)
 
 
 def step_input(ids, positions, table, pos_table):
@@ -86,8 +86,8 @@ class DecodeGraph:
 
     def _warm(self) -> None:
         """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
-        it replay slower however often they run themselves (gpt2's chains 258 against 245 us a
-        token, H100). One replay of it ends that for good; a replay of another graph or eager
+        it replay slower however often they run themselves (docs/performance.md). One replay of
+        it ends that for good; a replay of another graph or eager
         steps do not; without graph.upload each graph's first replay pays its upload (why, inside
         the driver, is not known: tools/decode_state.py at 4f7986f). The replay
         writes one step's keys at the cache's next slot, which the next real step overwrites,
@@ -197,9 +197,9 @@ class DecodeGraph:
 def chunk_sizes(steps: int) -> list[int]:
     """How `steps` decode steps are replayed: two single steps, chains of CHAIN, then single steps
     (an even number of singles ahead of the chains, so that each chain starts from x[0]). Launching
-    a chain costs the host ~2.2 ms (GLM-ASR at batch 1, H100: ~1,160 kernels), during which a GPU
-    with nothing queued waits; a single step's launch costs ~0.3 ms, and while the GPU runs the two
-    the host launches the first chain."""
+    a chain costs the host about as long as several steps take on the GPU, which with nothing
+    queued would wait; a single step's launch is short, and while the GPU runs the two the host
+    launches the first chain."""
     lead = [1, 1] if steps >= CHAIN + 2 else []
     rest = steps - len(lead)
     return lead + [CHAIN] * (rest // CHAIN) + [1] * (rest % CHAIN)
