@@ -35,7 +35,7 @@ def check_pngs(out: Path, expected: list[str]) -> None:
 def test_renders_every_picture_from_the_committed_results(tmp_path):
     out = tmp_path / "assets"
     render(out)
-    check_pngs(out, ["kernels-vs-torch-h100.png", "gpt-batch-h100.png"])
+    check_pngs(out, ["kernels-vs-torch-h100.png", "gpt-batch-h100.png", "glm-asr-bulk-h100.png"])
 
 
 def test_an_absent_result_skips_its_picture(tmp_path):
@@ -49,7 +49,7 @@ def test_an_absent_result_skips_its_picture(tmp_path):
                                                              "rows": rows}))
     stdout = render(out, "--results", str(results))
     check_pngs(out, ["gpt-batch-h100.png"])
-    assert "skipped kernels-vs-torch-h100.png" in stdout
+    assert "skipped kernels-vs-torch-h100.png" in stdout and "skipped glm-asr-bulk-h100.png" in stdout
 
 
 def test_dates_come_from_the_json_else_git():

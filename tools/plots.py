@@ -6,6 +6,7 @@ Reads benchmarks/results/*-h100.json (or --results DIR) and writes into docs/ass
 
     kernels-vs-torch-h100.png  every tilekernels op against torch: speedup and roofline fraction
     gpt-batch-h100.png         gpt2 tokens/s on the engine by batch and load, beside transformers
+    glm-asr-bulk-h100.png      GLM-ASR real-time factor by batch and precision, beside transformers
 
 Each picture names the GPU and the date of its data (the JSON's "date", else the file's last
 commit date, else its modification date) and stays under 150 KB. A missing input file skips its
@@ -147,42 +148,68 @@ def plot_kernels(results: Path, out: Path):
     return save(fig, out, "kernels-vs-torch-h100.png")
 
 
-# ----------------------------------------------------------------------------- (b) gpt on the engine
+# ----------------------------------------------------------------------------- (b), (c) the models end to end
+def bars(data: dict, path: Path, out: Path, name: str, rows: list[dict], values: list[float], unit: str,
+         xlabel: str, title: str, note: str) -> Path:
+    """One horizontal bar a row (ours blue, transformers orange) on a log axis, each labelled
+    '<system>, <precision>: <work>, batch <n>' and its value."""
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['system']}, {r['precision']}: {r['work']}, "
+              + (f"batch {r['batch']}" if isinstance(r["batch"], int) else str(r["batch"])) for r in rows]
+    fig, ax = plt.subplots(figsize=(10, 1.3 + 0.32 * len(rows)))
+    y = range(len(rows))
+    ax.barh(y, values, height=0.7, zorder=2,
+            color=[OURS if r["system"] == "tile-inference" else HF for r in rows])
+    for yi, v in zip(y, values):
+        ax.text(v * 1.06, yi, f"{fmt_rate(v)}{unit}", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 1.5, max(values) * 3)
+    ax.set_yticks(list(y), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.grid(axis="x", color="0.85", lw=0.5, zorder=1)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel(xlabel, fontsize=8)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.subplots_adjust(left=0.5, right=0.98, top=1 - 0.45 / fig.get_figheight(), bottom=0.75 / fig.get_figheight())
+    source_note(fig, data, path, note)
+    return save(fig, out, name)
+
+
 def plot_gpt_batch(results: Path, out: Path):
     found = load(results, "gpt-batch-h100.json")
     if found is None:
         return None
     data, path = found
-    import matplotlib.pyplot as plt
-
     rows = [r for r in data["rows"] if r.get("tokens_per_s")]
     if not rows:
         raise ValueError(f"{path.name} has no rows with tokens_per_s")
-    labels = [f"{r['system']}, {r['precision']}: {r['work']}, "
-              + (f"batch {r['batch']}" if isinstance(r["batch"], int) else str(r["batch"])) for r in rows]
-    rate = [r["tokens_per_s"] for r in rows]
-    fig, ax = plt.subplots(figsize=(10, 1.3 + 0.32 * len(rows)))
-    y = range(len(rows))
-    ax.barh(y, rate, height=0.7, zorder=2,
-            color=[OURS if r["system"] == "tile-inference" else HF for r in rows])
-    for yi, v in zip(y, rate):
-        ax.text(v * 1.06, yi, f"{fmt_rate(v)} tok/s", va="center", fontsize=7)
-    ax.set_xscale("log")
-    ax.set_xlim(min(rate) / 1.5, max(rate) * 3)
-    ax.set_yticks(list(y), labels, fontsize=7)
-    ax.invert_yaxis()
-    ax.grid(axis="x", color="0.85", lw=0.5, zorder=1)
-    ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("tokens/s end to end (prefill + new tokens; log)", fontsize=8)
-    fig.suptitle("gpt2 (124M) on the continuous-batching engine against transformers eager", fontsize=10,
-                 x=0.01, ha="left")
-    fig.subplots_adjust(left=0.5, right=0.98, top=1 - 0.45 / fig.get_figheight(), bottom=0.75 / fig.get_figheight())
-    source_note(fig, data, path, "Random weights")
-    return save(fig, out, "gpt-batch-h100.png")
+    return bars(data, path, out, "gpt-batch-h100.png", rows, [r["tokens_per_s"] for r in rows], " tok/s",
+                "tokens/s end to end (prefill + new tokens; log)",
+                "gpt2 (124M) on the continuous-batching engine against transformers eager", "Random weights")
+
+
+def plot_glm_asr_bulk(results: Path, out: Path):
+    found = load(results, "glm-asr-bulk-h100.json")
+    if found is None:
+        return None
+    data, path = found
+    rows = [r for r in data["rows"] if r.get("realtime_factor") or "clip" in r.get("work", "")]
+    if not rows:
+        raise ValueError(f"{path.name} has no rows with realtime_factor")
+    rows = [r if r.get("realtime_factor") else {**r, "realtime_factor": 30_000 / r["latency_ms"],
+                                                  "work": f"{r['work']} (30 s / its latency)"} for r in rows]
+    rows = [{**r, "work": f"{r['work']}, {r['new_tokens']} tokens, vad {r['vad']}"} for r in rows]
+    return bars(data, path, out, "glm-asr-bulk-h100.png", rows, [r["realtime_factor"] for r in rows], "x",
+                "real-time factor: seconds of audio a second, end to end (log)",
+                "GLM-ASR-Nano through the pipeline against transformers eager, by batch and precision",
+                "Random weights")
 
 
 PLOTS = {"kernels-vs-torch-h100.png": (plot_kernels, "kernels-h100.json"),
-         "gpt-batch-h100.png": (plot_gpt_batch, "gpt-batch-h100.json (measure it: python3 tools/bench_gpt.py)")}
+         "gpt-batch-h100.png": (plot_gpt_batch, "gpt-batch-h100.json (measure it: python3 tools/bench_gpt.py)"),
+         "glm-asr-bulk-h100.png": (plot_glm_asr_bulk,
+                                   "glm-asr-bulk-h100.json (measure it: python3 tools/bench_glm_asr.py)")}
 
 
 def main(argv=None) -> int:
