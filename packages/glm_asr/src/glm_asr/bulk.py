@@ -134,10 +134,9 @@ def worker_transcriber(job: dict):
     """This worker process's model for job's model and device, loaded on first use as the command
     line loads it (a different model replaces it), with job's options checked against it. Returns
     (glm_asr.SpeechRecognizer, 'cpu' | 'gpu'). Call with _MODEL_LOCK held."""
-    from tilekernels.runtime import from_model_config, pick_device, set_precision
+    from tilekernels.runtime import from_model_config
 
-    from .api import SpeechRecognizer
-    from .pipeline import Transcriber
+    from .api import load
 
     _quiet_pool_closing()
     key = _model_key(job)
@@ -147,9 +146,8 @@ def worker_transcriber(job: dict):
                 _CACHE.clear()
                 _FEEDS.clear()
                 _free_gpu_memory()
-        set_precision(job["precision"])
-        asr = SpeechRecognizer(Transcriber.load(from_model_config(job["model"]), pick_device(job["device"]),
-                                                job["max_batch"], job["encoder_batch"]))
+        asr = load(str(from_model_config(job["model"])), job["device"], max_batch=job["max_batch"],
+                   encoder_batch=job["encoder_batch"], precision=job["precision"])
         _CACHE[key] = (asr, asr.device)
     asr, device = _CACHE[key]
     asr.transcriber.check(job["prompt"], job["max_new_tokens"])

@@ -31,15 +31,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from omegaconf import DictConfig
 
-from tilekernels.runtime import from_model_config, pick_device, set_precision
+from tilekernels.runtime import from_model_config
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, ThreadWorker, UploadTooLarge, check_model,
                                         limited, make_app, run_server, server_options, submit, too_large, wait)
 
-from .api import ASRError, Segment, SpeechRecognizer, Transcript, vad_settings
+from .api import ASRError, Segment, SpeechRecognizer, Transcript, load, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
-from .pipeline import Dropped, Transcriber
+from .pipeline import Dropped
 from .transcribe import vad_options
 from .vad import stop_workers
 
@@ -124,9 +124,7 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     vad_settings(o["vad"], o["vad_options"])
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
-    if asr is None:
-        set_precision(o["precision"])
-        asr = SpeechRecognizer(Transcriber.load(source, pick_device(o["device"]), o["max_batch"]))
+    asr = asr or load(str(source), o["device"], max_batch=o["max_batch"], precision=o["precision"])
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     if asr.transcriber.model.xp is not np:     # compiles and captures; on the CPU there are none
         asr.transcriber.warm_up(o["prompt"])

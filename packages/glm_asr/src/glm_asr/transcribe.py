@@ -15,13 +15,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from tilekernels.runtime import from_model_config, pick_device, set_precision
+from tilekernels.runtime import from_model_config, pick_device
 from tilekernels.runtime.cli import Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
 
-from .api import SpeechRecognizer
+from .api import load
 from .audio import expand_inputs
 from .formats import FORMATS, output_names, render, write_atomic
-from .pipeline import Transcriber
 from .vad import start_workers
 
 _FILES: list[str] = []
@@ -54,8 +53,8 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     device = pick_device(o["device"])
     if readable and device == "cpu":
         start_workers()                               # the VAD's processes start while the model loads
-    set_precision(o["precision"])
-    asr = SpeechRecognizer(Transcriber.load(from_model_config(cfg.model), device, o["max_batch"], o["encoder_batch"]))
+    asr = load(str(from_model_config(cfg.model)), device, max_batch=o["max_batch"], encoder_batch=o["encoder_batch"],
+               precision=o["precision"])
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
