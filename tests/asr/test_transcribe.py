@@ -6,7 +6,7 @@ import pytest
 from asr_cli import cli
 
 from glm_asr.model import GlmAsr
-from glm_asr.transcribe import Transcriber
+from glm_asr.pipeline import Transcriber
 from tilekernels.runtime import CheckpointError, load_tensors
 
 
