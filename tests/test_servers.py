@@ -357,3 +357,23 @@ def test_asr_sigterm_drains(request, tiny, sounds, tmp_path_factory):
     t.join(120)
     assert "text" in result, result
     assert s.proc.wait(60) in (0, -signal.SIGTERM, 143)
+
+
+def test_asr_stream_events_join_to_the_text(asr_server):
+    """stream=true: OpenAI's transcript.text.delta events, one a segment as it is decoded, then
+    transcript.text.done; the deltas join to its text, which is the non-streamed response's."""
+    pauses = ROOT / "tests/asr/fixtures/pause3s.flac"       # two sentences 3 s apart: two segments
+    c = asr_server.client()
+    with open(pauses, "rb") as f:
+        want = c.audio.transcriptions.create(model="tinyasr", file=f).text
+    with open(pauses, "rb") as f:
+        events = list(c.audio.transcriptions.create(model="tinyasr", file=f, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
+    assert len(kinds) >= 3                                    # a delta a segment
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text == want
+    assert events[-1].usage.output_tokens > 0 and events[-1].usage.input_tokens > 0
+    with open(pauses, "rb") as f, pytest.raises(openai.BadRequestError) as e:
+        c.audio.transcriptions.create(model="tinyasr", file=f, stream=True, response_format="srt")
+    assert error_of(e.value)["param"] == "response_format"
+

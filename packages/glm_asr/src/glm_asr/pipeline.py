@@ -61,6 +61,9 @@ class _File:
     total: int | None = None        # windows, once the reader has seen them all
     seconds: float = 0.0            # the input's duration (once read)
     error: Exception | None = None
+    prompts: dict = field(default_factory=dict)     # window index -> its prompt's tokens
+    show: bool = False              # whether its segments go to transcribe_many's partial as they come
+    shown: int = 0                  # segments handed to partial so far
 
     @property
     def complete(self) -> bool:
@@ -127,9 +130,10 @@ class Transcriber:
         check_length(self.model, len(ids), max_new_tokens)
         self.engine.check(Request(ids, max_new_tokens))
 
-    def transcribe_many(self, sources: Iterable[tuple[str, Callable] | None], instruction: str, max_new_tokens: int,
+    def transcribe_many(self, sources: Iterable[tuple | None], instruction: str, max_new_tokens: int,
                         progress=None, vad: VadOptions | None = None, ignore_eos: bool = False,
-                        in_order: bool = True, dropped: Callable[[str], bool] | None = None
+                        in_order: bool = True, dropped: Callable[[str], bool] | None = None,
+                        partial: Callable[[str, dict, int, int], None] | None = None
                         ) -> Iterator[tuple[str, list[dict] | Exception, float]]:
         """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
         as it and those before it are done (in_order False: as soon as it is done); open() returns
@@ -137,7 +141,9 @@ class Transcriber:
         others go on. progress: update(seconds) per window. A live source (a server's) may yield
         None for "nothing new yet": the work in flight goes on and the source is asked again.
         dropped(name): whether a file's requester has gone; its reading stops, its windows leave
-        the engine, and it ends with Dropped."""
+        the engine, and it ends with Dropped. partial(name, segment, prompt tokens, new tokens):
+        each segment of a source given as (name, open, True), as soon as it and those before it
+        are decoded (a stream's text)."""
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
@@ -207,7 +213,7 @@ class Transcriber:
                     elif item is None:          # a live source with nothing new yet
                         break
                     else:
-                        files.append(_File(item[0]))
+                        files.append(_File(item[0], show=item[2:3] == (True,)))
                         pool.submit(read, len(files) - 1, item[1])
                 if exhausted and done_before == len(files):
                     break
@@ -260,6 +266,8 @@ class Transcriber:
                             files[index].texts[n] = ev.request.out.tokens
                             if progress is not None:
                                 progress.update(w.end_s - w.start_s)
+                            if partial is not None and files[index].show:
+                                self._show(files[index], partial)
                 for i in range(done_before, len(files) if not in_order else done_before):
                     f = files[i]
                     if f is not None and f.complete:
@@ -320,17 +328,26 @@ class Transcriber:
             for j, (index, n, w) in enumerate(group):
                 ids = self.prompt_ids(w.tokens, instruction)
                 files[index].windows.append((n, w.start_s, w.end_s))
+                files[index].prompts[n] = len(ids)
                 self.engine.add(Request(ids, max_new_tokens, eos=eos, embeds=m.prompt_embeds(ids, emb[j, :w.tokens]),
                                         tag=(index, n, w)))
             if xp is not np:
                 self._encoded = xp.cuda.get_current_stream().record()
 
+    def _segment(self, f: _File, n: int, start: float, end: float) -> dict:
+        text = self.tok.decode(f.texts[n], skip_special_tokens=True)
+        return {"start": round(start, 3), "end": round(end, 3), "text": text.strip()}
+
     def _segments(self, f: _File) -> list[dict]:
-        segments = []
-        for n, start, end in sorted(f.windows):
-            text = self.tok.decode(f.texts[n], skip_special_tokens=True)
-            segments.append({"start": round(start, 3), "end": round(end, 3), "text": text.strip()})
-        return segments
+        return [self._segment(f, n, start, end) for n, start, end in sorted(f.windows)]
+
+    def _show(self, f: _File, partial: Callable[[str, dict, int, int], None]) -> None:
+        """Hand partial each segment of f now decoded with every segment before it."""
+        spans = {n: (start, end) for n, start, end in f.windows}
+        while f.shown in f.texts:
+            n = f.shown
+            partial(f.name, self._segment(f, n, *spans[n]), f.prompts[n], len(f.texts[n]))
+            f.shown += 1
 
 
 def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np,

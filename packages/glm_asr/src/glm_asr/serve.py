@@ -4,9 +4,10 @@
     curl localhost:8000/v1/audio/transcriptions -F file=@talk.flac -F response_format=srt
 
 POST /v1/audio/transcriptions (multipart: file, model, response_format json | text | srt | vtt |
-verbose_json, temperature (only 0), timestamp_granularities[] (only segment), language and prompt
-(accepted and ignored: OpenAI's prompt is a style/context hint, not our instruction; the
-instruction is the server's `prompt` option)), GET
+verbose_json, temperature (only 0), timestamp_granularities[] (only segment), stream (true: server-
+sent transcript.text.delta events a segment as it is decoded, then transcript.text.done; json and
+text), language and prompt (accepted and ignored: OpenAI's prompt is a style/context hint, not our
+instruction; the instruction is the server's `prompt` option)), GET
 /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
 for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
@@ -16,7 +17,9 @@ max_upload_mb, checked as they come), deleted when the request ends.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import os
 import queue
 import re
@@ -28,7 +31,7 @@ from pathlib import Path
 import hydra
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config
@@ -39,6 +42,7 @@ from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, Thre
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, load, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
+from .subtitles import join_text
 from .pipeline import Dropped
 from .transcribe import vad_options
 from .vad import stop_workers
@@ -91,13 +95,17 @@ class SharedPipeline(ThreadWorker):
             key = str(next(self._ids))
             self._jobs[key] = job
             self.metrics.running.set(len(self._jobs))
-            yield key, job.source[1]
+            yield key, job.source[1], job.stream
+
+    def _partial(self, key: str, segment: dict, prompt_tokens: int, new_tokens: int) -> None:
+        """A segment of a streamed upload as soon as it is decoded."""
+        self._jobs[key].emit((segment, prompt_tokens, new_tokens))
 
     def _run(self) -> None:
         o = self.o
         vad = vad_settings(o["vad"], o["vad_options"])
         results = self.asr.transcriber.transcribe_many(self._sources(), o["prompt"], o["max_new_tokens"], vad=vad,
-                                                       in_order=False,
+                                                       in_order=False, partial=self._partial,
                                                        dropped=lambda key: self._jobs[key].cancelled.is_set())
         for key, result, seconds in results:
             job = self._jobs.pop(key)
@@ -136,11 +144,13 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
-        scratch = tempfile.mkdtemp(prefix="glm_asr.serve.")
+        scratch, response = tempfile.mkdtemp(prefix="glm_asr.serve."), None
         try:
-            return await _handle(request, scratch)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            response = await _handle(request, scratch)
+            return response
+        finally:        # a stream's upload goes once the pipeline is done with it (its job's end)
+            if not isinstance(response, StreamingResponse):
+                shutil.rmtree(scratch, ignore_errors=True)
 
     async def _handle(request: Request, scratch: str):
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -168,6 +178,13 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
             if any(g != "segment" for g in granularities):
                 raise APIError(400, "only segment timestamps are supported (timestamp_granularities: segment); "
                                "word timestamps are not", "timestamp_granularities", "unsupported_parameter")
+            stream = fields.get("stream", "false").lower()
+            if stream not in ("true", "false"):
+                raise APIError(400, f"stream must be true or false, got {fields['stream']!r}", "stream")
+            stream = stream == "true"
+            if stream and fmt not in ("json", "text"):
+                raise APIError(400, f"stream=true takes response_format json or text, got {fmt!r}",
+                               "response_format")
             temperature = fields.get("temperature")
             if temperature not in (None, ""):
                 try:
@@ -193,10 +210,14 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
             raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
 
         job = Job()
-        job.source = (name, lambda: Audio(path, o["audio_stream"], name=name))
+        job.source, job.stream = (name, lambda: Audio(path, o["audio_stream"], name=name)), stream
         job = submit(worker(), job)
         if seconds:
             job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(seconds))
+        if stream:
+            job.future.add_done_callback(lambda _: shutil.rmtree(scratch, ignore_errors=True))
+            return StreamingResponse(transcript_events(request, job, o["vad"] == "silero"),
+                                     media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
             r = await wait(request, job)
         except ClientGone:
@@ -207,6 +228,55 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
 
     return app, o
+
+
+async def transcript_events(request: Request, job: Job, readable: bool):
+    """OpenAI's transcription stream (server-sent events): a transcript.text.delta a segment, as
+    soon as it and those before it are decoded, then transcript.text.done with the whole text
+    (the deltas joined) and the tokens used; a failure ends it with an error event. A client
+    that goes away cancels the job."""
+    def event(payload: dict) -> str:
+        return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
+
+    joined = join_text if readable else join
+    job.future.add_done_callback(lambda _: job.emit(None))     # after the last segment: the end
+    segments, text, used = [], "", [0, 0]
+    try:
+        while (item := await _next(request, job)) is not None:
+            segment, prompt_tokens, new_tokens = item
+            segments.append(segment)
+            used[0], used[1] = used[0] + prompt_tokens, used[1] + new_tokens
+            now = joined(segments)
+            if len(now) > len(text):
+                yield event({"type": "transcript.text.delta", "delta": now[len(text):]})
+                text = now
+        try:
+            final = joined([asdict(s) for s in job.future.result().segments])
+        except Exception as e:  # noqa: BLE001 - the headers are gone: said in the stream
+            yield event({"error": {"message": str(e), "type": "invalid_request_error", "param": "file",
+                                   "code": "invalid_audio"}})
+            return
+        if final != text and final.startswith(text):
+            yield event({"type": "transcript.text.delta", "delta": final[len(text):]})
+        yield event({"type": "transcript.text.done", "text": final,
+                     "usage": {"type": "tokens", "input_tokens": used[0], "output_tokens": used[1],
+                               "total_tokens": used[0] + used[1]}})
+    except ClientGone:
+        return
+    finally:
+        if not job.future.done():
+            job.cancel()
+
+
+async def _next(request: Request, job: Job):
+    """The job's next streamed item (None at its end); ClientGone once the client has left."""
+    while True:
+        try:
+            return await asyncio.wait_for(job.items.get(), 0.5)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                job.cancel()
+                raise ClientGone() from None
 
 
 def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, language: str | None):
