@@ -391,8 +391,9 @@ def test_tasks_running_at_once_share_one_pipeline(tmp_path):
 
 
 def test_a_workers_heartbeat_cut_by_its_own_close_is_not_logged():
-    """Dropped: the heartbeat error a closing worker's own connection pool causes (installed once).
-    Kept: other heartbeat failures and other errors."""
+    """Dropped: the heartbeat error a closing worker's own connection pool, or the closing
+    scheduler's closed stream, causes (installed once). Kept: other heartbeat failures and other
+    errors."""
     import logging
 
     from distributed.comm.core import CommClosedError
@@ -406,7 +407,9 @@ def test_a_workers_heartbeat_cut_by_its_own_close_is_not_logged():
         (f,) = [f for f in log.filters if isinstance(f, bulk._PoolClosing)]
         beat = "Failed to communicate with scheduler during heartbeat."
         closing = CommClosedError("ConnectionPool closing.")
-        for msg, exc, kept in ((beat, closing, False), (beat, OSError("Timed out"), True),
+        gone = CommClosedError("in <TCP (closed) ConnectionPool.heartbeat_worker local=tcp://127.0.0.1:35996 "
+                               "remote=tcp://127.0.0.1:36497>: Stream is closed")
+        for msg, exc, kept in ((beat, closing, False), (beat, gone, False), (beat, OSError("Timed out"), True),
                                ("Worker stream died", closing, True)):
             assert f.filter(logging.makeLogRecord({"msg": msg, "exc_info": (type(exc), exc, None)})) == kept
     finally:

@@ -155,13 +155,14 @@ def worker_transcriber(job: dict):
 
 
 class _PoolClosing(logging.Filter):
-    """Drops the traceback a worker logs when it closes with a heartbeat in flight (its own
-    connection pool, closing, cancels the heartbeat: seen now and then on a loaded machine)."""
+    """Drops the traceback a worker logs when the run ends with a heartbeat in flight: its own
+    connection pool, closing, cancels the heartbeat, or the closing scheduler closes its stream
+    (each seen now and then on a loaded machine)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         return not (record.getMessage().startswith("Failed to communicate with scheduler during heartbeat")
-                    and "ConnectionPool closing" in str(exc))
+                    and ("ConnectionPool closing" in str(exc) or str(exc).endswith("Stream is closed")))
 
 
 def _quiet_pool_closing() -> None:
