@@ -79,10 +79,13 @@ class Engine:
         self.flow_on = False                # whether it may queue further replays
         self.held_since: float | None = None  # when the flow first kept a free slot from a waiting request
 
-    def add(self, request: Request) -> None:
-        """Queue a request; one that can never run raises ValueError here (the others go on)."""
-        self.check(request)
-        self.scheduler.add(request)
+    def add(self, *requests: Request) -> None:
+        """Queue requests, all or none: one that can never run raises ValueError here, before any
+        is queued (requests added earlier go on)."""
+        for r in requests:
+            self.check(r)
+        for r in requests:
+            self.scheduler.add(r)
 
     def check(self, request: Request) -> None:
         """Raise ValueError for a request that could never run: everything of its own that a step

@@ -56,10 +56,7 @@ def run(engine: Engine, reqs: list[Request]) -> Iterator[tuple[int, str]]:
     cancels what has not finished."""
     if not reqs:
         return
-    for r in reqs:
-        engine.check(r)
-    for r in reqs:
-        engine.add(r)
+    engine.add(*reqs)
     mine = {id(r) for r in reqs}
     try:
         while not all(r.finished for r in reqs):

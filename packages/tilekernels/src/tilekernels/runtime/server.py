@@ -156,12 +156,10 @@ class EngineWorker(ThreadWorker):
         if job.cancelled.is_set():
             return self._done(job, error=ClientGone())
         try:
-            for r in job.requests:
-                self.engine.check(r)
+            self.engine.add(*job.requests)
         except ValueError as e:
             return self._done(job, error=e)
         for r in job.requests:
-            self.engine.add(r)
             self._owner[id(r)] = job
         self._active.append(job)
 
