@@ -240,12 +240,12 @@ async def transcript_events(request: Request, job: Job, readable: bool):
 
     joined = join_text if readable else join
     job.future.add_done_callback(lambda _: job.emit(None))     # after the last segment: the end
-    segments, text, used = [], "", [0, 0]
+    segments, text, used_in, used_out = [], "", 0, 0
     try:
         while (item := await _next(request, job)) is not None:
             segment, prompt_tokens, new_tokens = item
             segments.append(segment)
-            used[0], used[1] = used[0] + prompt_tokens, used[1] + new_tokens
+            used_in, used_out = used_in + prompt_tokens, used_out + new_tokens
             now = joined(segments)
             if len(now) > len(text):
                 yield event({"type": "transcript.text.delta", "delta": now[len(text):]})
@@ -259,8 +259,8 @@ async def transcript_events(request: Request, job: Job, readable: bool):
         if final != text and final.startswith(text):
             yield event({"type": "transcript.text.delta", "delta": final[len(text):]})
         yield event({"type": "transcript.text.done", "text": final,
-                     "usage": {"type": "tokens", "input_tokens": used[0], "output_tokens": used[1],
-                               "total_tokens": used[0] + used[1]}})
+                     "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,
+                               "total_tokens": used_in + used_out}})
     except ClientGone:
         return
     finally:
