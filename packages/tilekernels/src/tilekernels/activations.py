@@ -11,6 +11,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import backend, check, launch, inputs_ready
 from .weights import like
 
@@ -120,7 +121,7 @@ def tile_activation(x, ACT):
         return x
 
 
-@ct.kernel
+@kernel
 def activation_kernel(X, U, Y, TILE: ConstInt, ACT: ConstInt, GATED: ConstBool):
     """y = act(x), or act(x) * u when GATED; flat 1-D arrays, TILE elements per block; Y may be
     bfloat16 (ACT none: a cast)."""

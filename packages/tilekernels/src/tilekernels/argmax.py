@@ -18,6 +18,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import (array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch,
                       next_pow2, reset_count)
 from .embedding import embedding_reference
@@ -31,7 +32,7 @@ MAX_COUNTERS = 4096
 EMBED_TILE = 1024   # channels a step of the embedding gather
 
 
-@ct.kernel
+@kernel
 def argmax_kernel(X, PV, PI, C, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt, ADVANCE: ConstBool,
                   COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TILE: ConstInt, CHUNKS: ConstInt):
     """Best value and index of chunk bid(0) of row bid(1); the row's last chunk to finish

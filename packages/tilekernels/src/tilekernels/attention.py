@@ -19,6 +19,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .activations import fast_div
 from .decode import LOG2E, NEG_INF, decode_cupy, online_softmax_step
@@ -54,7 +55,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: boo
     return np.einsum("bhqk,bhkd->bhqd", s, v64).astype(np.float32).astype(q.dtype)
 
 
-@ct.kernel
+@kernel
 def flash_kernel(Q, K, V, O, KS, scale_log2: float, group: int,
                  D: ConstInt, TILE_M: ConstInt, TILE_N: ConstInt, CAUSAL: ConstBool, MMA: ConstInt):
     """One TILE_M block of queries of one (batch, head) against all visible keys; O is

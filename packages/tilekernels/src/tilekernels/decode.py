@@ -27,6 +27,7 @@ import math
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, reset_count,
                       sm_count)
 from .activations import fast_div
@@ -179,7 +180,7 @@ def merge_state(m, l, acc, ms, ls, os):
     return m_new, l * a + ls * w, acc * a + os * w
 
 
-@ct.kernel
+@kernel
 def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log2: float, tiles_per_chunk: int,
                   chunks_per_block: int, D: ConstInt, HALF: ConstInt, TILE_G: ConstInt, TILE_N: ConstInt,
                   MMA: ConstInt, NEW: ConstBool, ROPE: ConstBool, ROWS: ConstBool):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
 from .weights import WEIGHT_DTYPES, f32, widen
 
@@ -23,7 +24,7 @@ def embedding_reference(ids: np.ndarray, table: np.ndarray, positions: np.ndarra
     return y.astype(np.float32)
 
 
-@ct.kernel
+@kernel
 def embedding_kernel(IDS, POS, T, P, Y, HAS_POS: ConstBool, TILE: ConstInt):
     """Channels bid(1) of token bid(0): T[ids] (+ P[positions]), in float32 whatever the
     tables' storage (weights.compact)."""

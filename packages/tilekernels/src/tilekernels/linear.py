@@ -30,6 +30,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in_group, launch, next_pow2,
                       reset_count, sm_count)
 from ._reduce import pairwise_row_sums, sums2
@@ -172,7 +173,7 @@ def skinny_chunk(X, XS, G, bm, k, w, w2, acc, acc2, e1, e2, x0, TILE_M: int, TIL
     return acc, acc2, e1, e2
 
 
-@ct.kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
+@kernel(occupancy=2)    # two blocks an SM; skinny_kernel_one_an_sm below: the same arithmetic
 def skinny_kernel(X, W, W2, G, Bias, R, Y, Y2, XS, P, P2, S, C, eps: float, k_tiles_per_split: int, TILE_M: ConstInt,
                   TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, GLU: ConstBool,
                   RESID: ConstBool, NORM: ConstInt, SCALE: ConstBool, MMA: ConstInt, SPLITS: ConstInt,
@@ -274,7 +275,7 @@ def _grouped(tile_id, num_m, num_n):
     return first_m + (tile_id % size_m), (tile_id % in_group) // size_m
 
 
-@ct.kernel
+@kernel
 def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_K: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt,
                   GLU: ConstBool, RESID: ConstBool, PARTIAL: ConstBool, MMA: ConstInt):
@@ -313,7 +314,7 @@ def linear_kernel(X, W, W2, Bias, R, Y, k_tiles_per_split: int,
                      HAS_BIAS, ACT, GLU, RESID, NO_NORM)
 
 
-@ct.kernel
+@kernel
 def splitk_reduce_kernel(P, Bias, R, Y, TILE_N: ConstInt, HAS_BIAS: ConstBool, ACT: ConstInt, RESID: ConstBool):
     """Y[m, n-tile] = residual + act(sum over splits of P[:, m, n-tile] + bias)."""
     inputs_ready()

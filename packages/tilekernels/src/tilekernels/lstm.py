@@ -15,6 +15,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import backend, check, inputs_ready, launch
 from .activations import fast_div
 from .precision import mma, mma_mode
@@ -68,7 +69,7 @@ def _half(G, WT, t, bid, j, h0, h1, c, HALF: int, TB: int, MODE: int):
     return o * ct.tanh(c), c
 
 
-@ct.kernel
+@kernel
 def lstm_kernel(G, WT, H0, C0, HS, HN, CN, steps: int, HALF: ConstInt, TB: ConstInt, MODE: ConstInt):
     """TB rows of an LSTM over `steps` steps; WT is weight_hh.T (H, 4H), H = 2 * HALF; the state
     is kept as two halves of HALF units."""

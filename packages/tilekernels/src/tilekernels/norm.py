@@ -13,6 +13,7 @@ from typing import Any
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
 from .weights import WEIGHT_DTYPES, empty, f32, like, result_dtype, widen
 
@@ -38,7 +39,7 @@ def rmsnorm_reference(x: np.ndarray, weight: np.ndarray | None, eps: float) -> n
 
 
 # ---------------------------------------------------------------- cuTile kernel
-@ct.kernel
+@kernel
 def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: ConstInt, RMS: ConstBool,
                 AFFINE: ConstBool):
     """ROWS rows per block, each row held whole in one TILE_N tile (zero padded). Plain loads

@@ -11,6 +11,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .rope import rope_reference, rotate_half, rotate_half_tile
 from .weights import KV_DTYPES, empty, f32, like, result_dtype
@@ -37,7 +38,7 @@ def split_tile_t(d: int) -> int:
     return max(8, 1024 // d)
 
 
-@ct.kernel
+@kernel
 def split_qkv_kernel(QKV, KC, VC, Q, START, KS, COS, SIN, TILE_T: ConstInt, D: ConstInt, HALF: ConstInt):
     """TILE_T tokens of one head (axis 1 of the grid: q heads, then k heads, then v heads).
     HALF: half the rotary channels (0: no RoPE); 2 * HALF a power of two rotates in registers

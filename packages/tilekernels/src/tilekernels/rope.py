@@ -9,6 +9,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
 from .weights import f32
 
@@ -66,7 +67,7 @@ def rotate_half_tile(x, cos, sin, HALF: int):
     return ct.where(ct.arange(d, dtype=ct.int32)[None, :] < 2 * HALF, wide, x)
 
 
-@ct.kernel
+@kernel
 def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     """One token per block: all heads and channels as one (H_PAD, D_PAD) tile."""
     inputs_ready()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch, \
     next_pow2, reset_count
 from .argmax import argmax, check_tail, chunk_tile, step_tail, tail_args, tail_arrays, tail_reference
@@ -102,7 +103,7 @@ def _inv_t(TEMP, r):
     return 1.0 / ct.where(t > 0, t, 1.0)
 
 
-@ct.kernel
+@kernel
 def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, TILE: ConstInt, CHUNKS: ConstInt,
                    PENALTY: ConstBool):
     """Chunk bid(0) of row bid(1): the row's penalty applied into XP (PENALTY), the chunk's
@@ -139,7 +140,7 @@ def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, TILE: Con
         reset_count(C, r)
 
 
-@ct.kernel
+@kernel
 def search_kernel(X, M, LO, HI, TARGET, PF, C, TOPK, TOPP, TEMP, TILE: ConstInt, CHUNKS: ConstInt, WAYS: ConstInt,
                   SUB: ConstInt, MASS: ConstBool, FIRST: ConstBool):
     """One pass of the search for the largest key t in [LO, HI] of row bid(1) with F(t) >= its
@@ -195,7 +196,7 @@ def search_kernel(X, M, LO, HI, TARGET, PF, C, TOPK, TOPP, TEMP, TILE: ConstInt,
             reset_count(C, r)
 
 
-@ct.kernel
+@kernel
 def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt,
                 ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TEMP,
                 TILE: ConstInt, CHUNKS: ConstInt, MARK: ConstBool):

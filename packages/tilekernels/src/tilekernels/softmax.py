@@ -9,6 +9,7 @@ from __future__ import annotations
 import cuda.tile as ct
 import numpy as np
 
+from .cubins import kernel
 from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
 
 ConstInt = ct.Constant[int]
@@ -21,7 +22,7 @@ def softmax_reference(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)
 
 
-@ct.kernel
+@kernel
 def softmax_kernel(X, Y, TILE: ConstInt):
     inputs_ready()
     row = ct.bid(0)

@@ -1,0 +1,274 @@
+"""Compiled kernels kept on disk, built once per machine, and built ahead in parallel.
+
+cuda.tile's own disk cache is keyed by the kernel's TileIR bytecode, so a process must run the
+cuTile front end on every specialization to find its cubin (0.1-0.7 s each, seconds a model),
+and the bytecode carries the source file's path, so every checkout rebuilds. `kernel` here (a
+ct.kernel) keys its cubins on what decides them without building anything: the tilekernels
+sources' digest, the specialization's mangled name (cuda.tile's name mangling encodes the
+whole signature and round-trips it), the compiler options, the cuda.tile and tileiras releases
+and the GPU architecture. A cache hit costs one file read.
+
+A model ships the list of the specializations it launches (a manifest, written by `launched`
+on a GPU run): `prebuild` compiles the ones missing from the cache in worker processes, one a
+core, while the model loads, and a launch that needs one still being built waits for it.
+
+The cache lives in $TILEKERNELS_CACHE_DIR, else $XDG_CACHE_HOME/tilekernels, else
+~/.cache/tilekernels ('off' turns it off); deleting the folder clears it.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import io
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+import cuda.tile as ct
+from cuda.tile.compilation import demangle_kernel_name, export_kernel, mangle_kernel_name
+
+_LOCK = threading.Lock()
+_PENDING: dict[Path, "Prebuild"] = {}   # cubins a prebuild is making
+_LAUNCHED: set[str] = set()             # "module:name symbol" of every specialization this process loaded
+_BUILT: list[str] = []                  # those it compiled itself, in order
+STATS = {"loaded": 0, "built": 0, "build_s": 0.0, "prebuilt": 0, "prebuild_s": 0.0, "wait_s": 0.0,
+         "start_s": 0.0}
+
+
+def cache_dir() -> Path | None:
+    """Where cubins are kept (None: the cache is off)."""
+    env = os.environ.get("TILEKERNELS_CACHE_DIR")
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "none") else Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tilekernels"
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """sha256 of the kernel modules' sources (tilekernels/*.py; the runtime compiles nothing)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain() -> str:
+    from .compiler import version
+
+    tileiras = version()
+    return f"cuda.tile {ct.__version__} tileiras {'.'.join(map(str, tileiras)) if tileiras else 'unknown'}"
+
+
+def cubin_path(module: str, name: str, symbol: str, options: str, arch: str) -> Path | None:
+    """The cache file of one specialization (None when the cache is off)."""
+    root = cache_dir()
+    if root is None:
+        return None
+    key = hashlib.sha256("\n".join((source_digest(), _toolchain(), arch, module, name, options, symbol))
+                         .encode()).hexdigest()
+    return root / "cubins" / arch / key[:2] / f"{key}.cubin"
+
+
+def _store(path: Path, cubin: bytes) -> None:
+    """Write a cubin atomically (a reader never sees half of one; concurrent writers agree)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_bytes(cubin)
+    os.replace(tmp, path)
+
+
+def device_arch() -> str:
+    """sm_XY of the current GPU."""
+    import cupy
+
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+class kernel(ct.kernel):
+    """ct.kernel whose cubins come from (and go to) the on-disk cache above."""
+
+    def __new__(cls, function=None, /, **options):
+        if function is None:            # @kernel(occupancy=2)
+            return lambda f: cls(f, **options)
+        return super().__new__(cls, function, **options)
+
+    def _compile(self, signature, context, compute_capability=None):
+        arch = f"sm_{compute_capability[0]}{compute_capability[1]}" if compute_capability else device_arch()
+        symbol = signature.symbol or mangle_kernel_name(self._pyfunc.__name__, signature)
+        module, name = self.reference()
+        path = cubin_path(module, name, symbol, self.options(), arch)
+        with _LOCK:
+            _LAUNCHED.add(f"{module}:{name} {symbol}")
+            pending = _PENDING.get(path)
+        if pending is not None and path is not None:
+            began = time.perf_counter()
+            pending.wait_for(path)          # a failed build is compiled again below, which reports it
+            STATS["wait_s"] += time.perf_counter() - began
+        if path is not None and path.exists():
+            STATS["loaded"] += 1
+            return path.read_bytes(), symbol, None, ()
+        began = time.perf_counter()
+        cubin, symbol, extra, providers = super()._compile(signature, context, compute_capability)
+        STATS["built"] += 1
+        STATS["build_s"] += time.perf_counter() - began
+        _BUILT.append(f"{module}:{name} {symbol}")
+        if path is not None and not providers:
+            _store(path, cubin)
+        return cubin, symbol, extra, providers
+
+    def replace_hints(self, **hints) -> "kernel":
+        return kernel(self._pyfunc, **dataclasses.asdict(dataclasses.replace(self._compiler_options, **hints)))
+
+    def options(self) -> str:
+        return repr(self._compiler_options)
+
+    def reference(self) -> tuple[str, str]:
+        """(module, attribute) naming this kernel, which a worker process imports."""
+        ref = self.__dict__.get("_reference")
+        if ref is None:
+            module = self._pyfunc.__module__
+            names = [k for k, v in vars(sys.modules[module]).items() if v is self]
+            ref = self.__dict__["_reference"] = (module, names[0] if names else self._pyfunc.__name__)
+        return ref
+
+
+def launched() -> list[str]:
+    """Every specialization this process has loaded, as manifest lines ("module:name symbol")."""
+    with _LOCK:
+        return sorted(_LAUNCHED)
+
+
+def built() -> list[str]:
+    """The specializations this process compiled itself (not found in the cache), in order."""
+    return list(_BUILT)
+
+
+def read_manifest(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def _resolve(line: str) -> tuple[kernel, str]:
+    import importlib
+
+    ref, symbol = line.split(" ", 1)
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name), symbol
+
+
+def missing(lines: Iterable[str], arch: str) -> list[tuple[str, Path]]:
+    """The manifest lines whose cubins are not in the cache yet, each with its cache file."""
+    out = []
+    for line in lines:
+        k, symbol = _resolve(line)
+        path = cubin_path(*k.reference(), symbol, k.options(), arch)
+        if path is not None and not path.exists():
+            out.append((line, path))
+    return out
+
+
+def build(line: str, arch: str) -> float:
+    """Compile one manifest line for `arch` into the cache (a worker's job); seconds taken."""
+    began = time.perf_counter()
+    k, symbol = _resolve(line)
+    name, signature = demangle_kernel_name(symbol)
+    buf = io.BytesIO()
+    export_kernel(k, [signature], buf, gpu_code=arch, output_format="cubin")
+    _store(cubin_path(*k.reference(), symbol, k.options(), arch), buf.getvalue())
+    return time.perf_counter() - began
+
+
+class Prebuild:
+    """The missing cubins of a manifest, compiling in worker processes, one a core (at most
+    `workers`), the lines dealt round robin, slowest first. Each worker is a fresh interpreter
+    running build() on the lines it reads from stdin: never the caller's main module, which
+    multiprocessing's spawn would import again in every worker (a script loading a model at top
+    level would load it once a worker). A launch needing a cubin still under way waits for it."""
+
+    def __init__(self, todo: list[tuple[str, Path]], arch: str, workers: int | None = None):
+        import subprocess
+
+        self.began = time.perf_counter()
+        self.paths = [path for _, path in todo]
+        workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
+        # the slowest first (decode attention and the products), so no long build starts last
+        lines = [line for line, _ in sorted(todo, key=lambda t: ("decode" not in t[0], "linear" not in t[0]))]
+        self.procs = []
+        for i in range(workers):
+            proc = subprocess.Popen([sys.executable, "-c", "from tilekernels.cubins import work; work()", arch],
+                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc.stdin.write("\n".join(lines[i::workers]).encode())
+            proc.stdin.close()
+            self.procs.append(proc)
+        with _LOCK:
+            for path in self.paths:
+                _PENDING[path] = self
+
+    def wait_for(self, path: Path) -> None:
+        """Until `path` is built or no worker is left to build it."""
+        while not path.exists() and any(p.poll() is None for p in self.procs):
+            time.sleep(0.005)
+
+    def join(self) -> None:
+        """Wait for every build (a failed one is compiled again, and reported, when launched)."""
+        for p in self.procs:
+            p.wait()
+        self._done()
+
+    def cancel(self) -> None:
+        """Stop the builds (the load they ran beside failed)."""
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self._done()
+
+    def _done(self) -> None:
+        with _LOCK:
+            for path in self.paths:
+                _PENDING.pop(path, None)
+        STATS["prebuilt"] += sum(path.exists() for path in self.paths)
+        STATS["prebuild_s"] += time.perf_counter() - self.began
+
+
+def work() -> None:
+    """A prebuild worker: build() each manifest line read from stdin for the architecture argv[1];
+    one that fails is skipped (its launch compiles it and reports why)."""
+    arch = sys.argv[1]
+    for line in sys.stdin.read().splitlines():
+        try:
+            build(line, arch)
+        except Exception as e:  # noqa: BLE001
+            print(f"{line.split(' ')[0]}: {type(e).__name__}: {e}", file=sys.stderr)
+
+
+def prebuild(lines: Iterable[str], arch: str | None = None, workers: int | None = None) -> Prebuild | None:
+    """Start compiling the manifest lines whose cubins are not cached (None: all are)."""
+    arch = arch or device_arch()
+    todo = missing(lines, arch)
+    return Prebuild(todo, arch, workers) if todo else None
+
+
+@contextlib.contextmanager
+def built_ahead(manifest: Path | None):
+    """Compile the manifest's missing cubins in worker processes while the block runs (a model
+    loading), and wait for them as it ends, so that no kernel compiles once requests run. No
+    manifest (a CPU load, a model size none was recorded for): nothing to do."""
+    began = time.perf_counter()
+    building = prebuild(read_manifest(manifest)) if manifest is not None and manifest.exists() else None
+    STATS["start_s"] += time.perf_counter() - began
+    if building is None:
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        building.cancel()
+        raise
+    began = time.perf_counter()
+    building.join()
+    STATS["wait_s"] += time.perf_counter() - began
