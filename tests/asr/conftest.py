@@ -25,3 +25,21 @@ def audio_dir(tmp_path_factory):
     sf.write(d / "nan.wav", nan, 16000, subtype="FLOAT")
     (d / "notaudio.wav").write_text("this is not audio")
     return d
+
+
+@pytest.fixture(scope="session")
+def rounded_tiny(tiny, tmp_path_factory):
+    """The tiny checkpoint's values rounded to bfloat16, saved twice: {np.float32: dir, BF16: dir}
+    (the second as the hub checkpoint is stored)."""
+    from safetensors.numpy import load_file, save_file
+
+    from tilekernels.weights import BF16
+
+    dirs = {dtype: tmp_path_factory.mktemp(f"tiny-{np.dtype(dtype).name}") for dtype in (np.float32, BF16)}
+    for dtype, d in dirs.items():
+        for f in tiny.iterdir():        # a sharded checkpoint: each shard rounded
+            if f.suffix == ".safetensors":
+                save_file({k: v.astype(BF16).astype(dtype) for k, v in load_file(f).items()}, d / f.name)
+            else:
+                (d / f.name).write_bytes(f.read_bytes())
+    return dirs

@@ -27,6 +27,18 @@ def test_gpu_matches_cpu(tiny, poisoned, rng):
     assert decode(Engine(cpu, 1), ids, a[0, : w.tokens], 12, ignore_eos=True) == ours and len(ours) == 12
 
 
+def test_a_bfloat16_checkpoint_uploads_as_stored(rounded_tiny):
+    """Read as bfloat16 and uploaded so, the GPU model holds what the same values in float32 give:
+    the text decoder's matrices bfloat16, its norms and the encoder float32, bit for bit."""
+    a, b = (GlmAsr.load(rounded_tiny[k], "gpu") for k in (np.float32, tk.weights.BF16))
+    for m in (a, b):
+        layer = m.w["decoder"][0]
+        assert layer.qkv[0].dtype == tk.weights.BF16 and layer.norm1.weight.dtype == np.float32
+    for x, y in zip(*((m.w["decoder"][0].qkv[0], m.w["decoder"][0].norm1.weight, m.w["encoder"][0].fc1[0],
+                       m.w["lm_head"]) for m in (a, b))):
+        assert x.dtype == y.dtype and bool((x.view(cupy.uint8) == y.view(cupy.uint8)).all())
+
+
 def test_features_on_the_gpu_match_the_cpu(rng):
     """The same log-mel code on cupy (float64 FFT on the device) as on numpy."""
     audio = (rng.standard_normal(16000 * 37) * 0.1).astype(np.float32)     # a full window and a tail
@@ -50,7 +62,7 @@ def test_graph_replays_match_eager_calls(tiny, poisoned, rng):
         # the encoder and the projector in one graph, as the pipeline encodes
         np.testing.assert_array_equal(gpu.encode(feats).get(), gpu.project(gpu.audio_tower_eager(feats)).get())
     cache = gpu.new_cache(1, 16)
-    prefill = graphed(cupy, lambda x: gpu.step(x, cache))        # as the runner replays a prompt
+    prefill = graphed(cupy, lambda x: gpu.step(x, cache), "prefill")        # as the runner replays a prompt
     for n_audio in (5, 9, 5):
         ids = [100, 101] + [cfg.audio_token_id] * n_audio + [102]
         audio = cupy.asarray(rng.standard_normal((n_audio, cfg.decoder.hidden_size)).astype(np.float32))

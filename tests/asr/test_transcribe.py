@@ -187,3 +187,18 @@ def test_the_last_input_read_is_prefilled_behind_its_encoder_pass(tiny):
     got = list(asr.transcribe_many([("clip", lambda: audio)], "Please transcribe this audio into text", 3))
     assert len(got) == 1 and not isinstance(got[0][1], Exception)
     assert stepped_busy and stepped_busy[0] and time.monotonic() - t < 20.0
+
+
+def test_a_bfloat16_checkpoint_reads_as_stored_and_loads_the_same(rounded_tiny):
+    """The hub checkpoint is bfloat16: read without widening, its tensors are bfloat16 views of
+    the file; the model built from it holds exactly the numbers of the same values in float32."""
+    from tilekernels.weights import BF16
+
+    raw = load_tensors(rounded_tiny[BF16], widen=False)
+    assert {v.dtype for v in raw.values()} == {BF16}
+    widened, f32 = load_tensors(rounded_tiny[BF16]), load_tensors(rounded_tiny[np.float32])
+    assert all(widened[k].dtype == np.float32 and np.array_equal(widened[k], f32[k]) for k in f32)
+    a, b = GlmAsr.load(rounded_tiny[np.float32]), GlmAsr.load(rounded_tiny[BF16])
+    for x, y in zip(*((m.w["decoder"][0].qkv[0], *m.w["encoder"][0].qkv, m.w["lm_head"], m.w["norm"].weight)
+                      for m in (a, b))):
+        assert x.dtype == y.dtype == np.float32 and np.array_equal(x, y)

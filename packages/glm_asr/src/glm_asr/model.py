@@ -12,10 +12,15 @@ import numpy as np
 
 import tilekernels as tk
 from tilekernels.precision import input_dtype
-from tilekernels.runtime import CheckpointError, KVCache, graphed, load_tensors, move_weights, read_config, take
+from tilekernels.cubins import built_ahead
+from tilekernels.runtime import (CheckpointError, KVCache, graphed, kernel_manifest, load_tensors, move_weights,
+                                 read_config, take)
+from tilekernels.runtime.profile import stage
 from tilekernels.weights import empty
 
 from .config import GlmAsrConfig
+
+KERNELS = Path(__file__).resolve().parent / "kernels"      # kernel_manifest's lists
 
 
 class GlmAsr:
@@ -27,8 +32,8 @@ class GlmAsr:
         self.xp = tk.array_module(w["embed"])
         self.eos_ids = config.eos_token_ids
         self.max_positions = config.decoder.max_positions
-        self._tower = graphed(self.xp, self.audio_tower_eager)     # one captured graph per window count
-        self._encode = graphed(self.xp, lambda features: self.project(self.audio_tower_eager(features)))
+        self._tower = graphed(self.xp, self.audio_tower_eager, "encoder")     # one captured graph per window count
+        self._encode = graphed(self.xp, lambda features: self.project(self.audio_tower_eager(features)), "encoder")
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -36,10 +41,22 @@ class GlmAsr:
         gen_path = directory / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
         cfg = GlmAsrConfig.from_hf(read_config(directory), generation)
-        t = load_tensors(directory)
-        # transformers 5 save_pretrained writes the decoder as language_model.model.model.*;
-        # the hub checkpoint has language_model.model.*: accept both
-        t = {k.replace("language_model.model.model.", "language_model.model."): v for k, v in t.items()}
+        e, d = cfg.encoder, cfg.decoder
+        manifest = kernel_manifest(KERNELS, device, e.hidden_size, d.hidden_size, d.vocab_size)
+        with stage("model load"), built_ahead(manifest):
+            with stage("weights prepared"):
+                model = cls._read(directory, cfg)
+            return model.to(device)
+
+    @classmethod
+    def _read(cls, directory: Path, cfg: GlmAsrConfig) -> "GlmAsr":
+        # the text decoder's matrices as stored (bfloat16 in the hub checkpoint: half the bytes to
+        # the GPU, where they stay bfloat16); the rest, which folding the encoder's norms computes
+        # with, in float32. transformers 5 save_pretrained writes the decoder as
+        # language_model.model.model.*; the hub checkpoint has language_model.model.*: accept both
+        t = {k.replace("language_model.model.model.", "language_model.model."):
+             v if k.startswith("language_model.") and v.ndim == 2 else tk.widen(v)
+             for k, v in load_tensors(directory, widen=False).items()}
         e, d = cfg.encoder, cfg.decoder
         c, hd = e.hidden_size, e.head_dim
 
@@ -97,7 +114,7 @@ class GlmAsr:
             head = take(t, "language_model.lm_head.weight", (d.vocab_size, n))
         w["norm"] = tk.RMSNorm(take(t, "language_model.model.norm.weight", (n,)), d.rms_norm_eps)
         w["lm_head"] = head
-        return cls(cfg, w).to(device)
+        return cls(cfg, w)
 
     def to(self, device: str) -> "GlmAsr":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). On the GPU the text decoder's

@@ -23,6 +23,7 @@ import numpy as np
 
 from tilekernels.runtime import CheckpointError, Engine, Request, check_length, freeze_heap, generate, \
     load_tokenizer, warm_up
+from tilekernels.runtime.profile import stage
 
 from .audio import SAMPLE_RATE, Audio
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
@@ -243,7 +244,8 @@ class Transcriber:
                     else:
                         files[index].total, files[index].seconds = n, w
                 if vad_jobs:
-                    self._vad(vad_jobs)
+                    with stage("vad"):
+                        self._vad(vad_jobs)
                     vad_jobs = []
                 # once every input is read no window can join a group or the batch any more: then the
                 # prefill queues behind the encoder pass at once (a short clip's answer comes sooner)
@@ -253,14 +255,17 @@ class Transcriber:
                 if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or ready):
                     live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
                     if live:
-                        self._encode(live, files, instruction, max_new_tokens, ignore_eos)
+                        with stage("encode + prefill queued"):
+                            self._encode(live, files, instruction, max_new_tokens, ignore_eos)
                     room -= len(group)
                     group = []
                 if dropped is not None:
                     self._drop(files, done_before, dropped)
                 # decode once the batch is full or the readers have nothing more right now
                 if e.busy and (room <= 0 or (windows.empty() and (read_all or not self._encoding()))):
-                    for ev in e.step():
+                    with stage("engine steps"):
+                        events = e.step()
+                    for ev in events:
                         index, n, w = ev.request.tag
                         if ev.finished and files[index] is not None:
                             files[index].texts[n] = ev.request.out.tokens

@@ -16,7 +16,9 @@ import hydra
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
-from tilekernels.runtime.cli import Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, split_args
+from tilekernels.runtime.cli import (Bool, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options,
+                                     profile_at_exit, split_args)
+from tilekernels.runtime.profile import mark
 
 from .api import load
 from .audio import expand_inputs
@@ -29,7 +31,9 @@ _FILES: list[str] = []
 def run(cfg: DictConfig, args: list[str]) -> int:
     o = options(cfg, {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str,
                       "device": Str, "audio_stream": OptInt, "vad": Str, "max_batch": Int, "encoder_batch": Int,
-                      "precision": Str})
+                      "precision": Str, "profile": Bool})
+    profile_at_exit(o["profile"])
+    mark("options read")
     fmt, out_dir = o["output_format"], o["output_dir"]
     if fmt not in FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -56,6 +60,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     asr = load(str(from_model_config(cfg.model)), device, max_batch=o["max_batch"], encoder_batch=o["encoder_batch"],
                precision=o["precision"])
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
+    mark("model loaded")
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     failed, done, seconds, began = len(errors), 0, 0.0, time.perf_counter()
@@ -83,6 +88,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
                                         readable=readable))
                 sys.stdout.flush()
             done, seconds = done + 1, seconds + r.seconds
+            mark("first file written")
     wall = time.perf_counter() - began
     if done:
         print(f"{done} file{'s' * (done != 1)} transcribed, {seconds:.1f} s of audio in {wall:.1f} s: "

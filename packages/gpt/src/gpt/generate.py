@@ -14,7 +14,9 @@ import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tilekernels.runtime import from_model_config
-from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.cli import (Bool, Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors,
+                                     options, profile_at_exit)
+from tilekernels.runtime.profile import mark
 
 from .api import load
 
@@ -59,16 +61,20 @@ def stop_strings(stop) -> list[str]:
 def run(cfg: DictConfig) -> None:
     o = options(cfg, {"max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
                       "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "max_batch": Int,
-                      "prompt_file": OptStr, "device": Str, "precision": Str})
+                      "prompt_file": OptStr, "device": Str, "precision": Str, "profile": Bool})
+    profile_at_exit(o["profile"])
+    mark("options read")
     for name in ("max_new_tokens", "num_samples", "max_batch"):
         if o[name] < 1:
             raise ValueError(f"{name} must be >= 1, got {o[name]}")
     prompts = read_prompts(cfg.prompt, o["prompt_file"])
     lm = load(str(from_model_config(cfg.model)), o["device"], precision=o["precision"])
+    mark("model loaded")
     settings = {k: o[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed")}
     if len(prompts) * o["num_samples"] == 1:
         pieces = lm.stream(prompts[0], stop=stop_strings(cfg.stop), **settings)
         first = next(pieces, "")            # a bad value or a too-long prompt fails here, before any output
+        mark("first token")
         for piece in (prompts[0], first, *pieces):
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -76,6 +82,7 @@ def run(cfg: DictConfig) -> None:
         return
     outs = lm.generate(prompts, num_samples=o["num_samples"], stop=stop_strings(cfg.stop), max_batch=o["max_batch"],
                        **settings)
+    mark("completions done")
     for i, out in enumerate(outs):
         sys.stdout.write(f"--- sample {i + 1} ---\n{prompts[i // o['num_samples']]}{out.text}\n")
 

@@ -8,9 +8,13 @@ from pathlib import Path
 import numpy as np
 
 import tilekernels as tk
-from tilekernels.runtime import KVCache, load_tensors, move_weights, read_config, take
+from tilekernels.cubins import built_ahead
+from tilekernels.runtime import KVCache, kernel_manifest, load_tensors, move_weights, read_config, take
+from tilekernels.runtime.profile import stage
 
 from .config import GPTConfig
+
+KERNELS = Path(__file__).resolve().parent / "kernels"      # kernel_manifest's lists
 
 
 class GPT:
@@ -26,8 +30,17 @@ class GPT:
     # ------------------------------------------------------------ loading
     @classmethod
     def load(cls, directory: Path, device: str = "cpu") -> "GPT":
-        """Read config.json and the safetensors of a GPT-2 checkpoint directory."""
+        """Read config.json and the safetensors of a GPT-2 checkpoint directory; on the GPU the
+        kernels the model launches build meanwhile, in worker processes (tilekernels.cubins)."""
         config = GPTConfig.from_hf(read_config(directory))
+        manifest = kernel_manifest(KERNELS, device, config.n_embd, config.n_head, config.vocab_size)
+        with stage("model load"), built_ahead(manifest):
+            with stage("weights prepared"):
+                model = cls._read(directory, config)
+            return model.to(device)
+
+    @classmethod
+    def _read(cls, directory: Path, config: GPTConfig) -> "GPT":
         t = load_tensors(directory, strip_prefixes=("transformer.",))
         c, v, inner = config.n_embd, config.vocab_size, config.inner
 
@@ -50,8 +63,7 @@ class GPT:
         wte = take(t, "wte.weight", (v, c))
         lm_head = take(t, "lm_head.weight", (v, c)) if "lm_head.weight" in t else wte
         ln_f, *lm_head = tk.fold_norm(ln("ln_f"), lm_head)
-        model = cls(config, wte, take(t, "wpe.weight", (config.n_positions, c)), blocks, ln_f, tuple(lm_head))
-        return model.to(device)
+        return cls(config, wte, take(t, "wpe.weight", (config.n_positions, c)), blocks, ln_f, tuple(lm_head))
 
     def to(self, device: str) -> "GPT":
         """Move every weight to 'cpu' (numpy) or 'gpu' (cupy). At precision bf16 (tk matmul

@@ -34,8 +34,12 @@ def compact(a: Any) -> Any:
 
 
 def widen(a: Any) -> Any:
-    """`a` as float32 if it is bfloat16 (exact), else `a` itself."""
-    return a.astype(np.float32) if a.dtype == BF16 else a
+    """`a` (numpy or cupy) as float32 if it is bfloat16 (exact: its bits are a float32's top
+    half), else `a` itself."""
+    if a.dtype != BF16:
+        return a
+    xp = array_module(a)
+    return (xp.ascontiguousarray(a).view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
 
 
 def result_dtype(dtype, name: str = "out_dtype") -> np.dtype:

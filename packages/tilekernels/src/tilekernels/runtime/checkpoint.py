@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..weights import BF16
+from .profile import stage
+
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be found, read or matched to its model; one line for the user."""
@@ -95,8 +98,15 @@ def _read_header(path: Path, size: int) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint as float32, keyed by name (prefixes removed)."""
+def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = (), widen: bool = True) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint, keyed by name (prefixes removed): float32, or with widen
+    False a bfloat16 tensor as bfloat16 (ml_dtypes), a view of the file mapped into memory (no
+    copy until the GPU upload, which moves half the bytes of its float32 form)."""
+    with stage("checkpoint read"):
+        return _load_tensors(directory, strip_prefixes, widen)
+
+
+def _load_tensors(directory: Path, strip_prefixes: tuple[str, ...], widen: bool) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError, safe_open
 
     out: dict[str, np.ndarray] = {}
@@ -116,8 +126,9 @@ def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = ()) -> dict[
                     if dtype == "BF16":
                         if raw is None:
                             raw = np.memmap(path, dtype=np.uint8, mode="r")
-                        bits = raw[data_start + begin: data_start + end].view("<u2").astype(np.uint32)
-                        tensor = (bits << 16).view(np.float32).reshape(meta["shape"])
+                        bits = raw[data_start + begin: data_start + end].view("<u2")
+                        tensor = (bits.astype(np.uint32) << 16).view(np.float32) if widen else bits.view(BF16)
+                        tensor = tensor.reshape(meta["shape"])
                     else:
                         tensor = f.get_tensor(name).astype(np.float32, copy=False)
                     key = name
@@ -125,7 +136,7 @@ def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = ()) -> dict[
                         if key.startswith(p):
                             key = key[len(p):]
                             break
-                    out[key] = np.ascontiguousarray(tensor, dtype=np.float32)
+                    out[key] = tensor if tensor.dtype == BF16 else np.ascontiguousarray(tensor, dtype=np.float32)
         except SafetensorError as e:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors ({e})") from None
     return out

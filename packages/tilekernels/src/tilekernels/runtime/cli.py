@@ -10,7 +10,7 @@ from typing import Callable, NoReturn
 from ..compiler import CompilerError
 from .checkpoint import CheckpointError
 
-Int, OptInt, Float, Str, OptStr = "int", "int?", "float", "str", "str?"
+Int, OptInt, Float, Str, OptStr, Bool = "int", "int?", "float", "str", "str?", "bool"
 _HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                       "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 
@@ -41,9 +41,28 @@ def _float(name: str, v) -> float:
         raise ValueError(f"{name} must be a number, got {v!r}") from None
 
 
+def _bool(name: str, v) -> bool:
+    if isinstance(v, bool):
+        return v
+    text = str(v).strip().lower()
+    if text in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+        return text in ("true", "1", "yes", "on")
+    raise ValueError(f"{name} must be true or false, got {v!r}")
+
+
+def profile_at_exit(enabled: bool) -> None:
+    """profile=true: print where the run's wall time went (runtime.profile) as the process exits."""
+    if enabled:
+        import atexit
+
+        from .profile import report
+
+        atexit.register(report)
+
+
 def options(cfg, kinds: dict[str, str]) -> dict:
-    """The named options of a Hydra config as checked Python values: Int, Float and Str (a '?'
-    kind also takes null). Hydra passes `key=abc` through as a string and `key=2.7` as a float,
+    """The named options of a Hydra config as checked Python values: Int, Float, Str and Bool (a
+    '?' kind also takes null). Hydra passes `key=abc` through as a string and `key=2.7` as a float,
     so every integer and number option is checked here, once, with one line saying which."""
     out = {}
     for name, kind in kinds.items():
@@ -56,6 +75,8 @@ def options(cfg, kinds: dict[str, str]) -> dict:
             out[name] = _int(name, v)
         elif kind == Float:
             out[name] = _float(name, v)
+        elif kind == Bool:
+            out[name] = _bool(name, v)
         else:
             out[name] = str(v)
     return out

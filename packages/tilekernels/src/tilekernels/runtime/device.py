@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+from pathlib import Path
 
 import numpy as np
+
+from .profile import stage
 
 
 def gpu_problem() -> str | None:
@@ -37,11 +40,21 @@ def pick_device(choice: str) -> str:
     return "cpu"
 
 
+def kernel_manifest(folder: Path, device: str, *dims) -> Path | None:
+    """The list of kernel specializations a model of these dimensions launches on the GPU at the
+    current precision (tilekernels.cubins builds them ahead), recorded by tools/first_result.py;
+    None on the CPU."""
+    from .precision import precision
+
+    return folder / ("-".join(map(str, (*dims, precision()))) + ".txt") if device == "gpu" else None
+
+
 def move_weights(tree, device: str, compact: bool = False, rounded: bool = False):
     """A copy of a weight tree (arrays inside tuples, lists, dicts and dataclasses) on
     'cpu' (numpy, float32) or 'gpu' (cupy); an array referenced twice (tied weights) stays
-    shared. compact: on the GPU a matrix of bfloat16 values (a bfloat16 checkpoint) is
-    stored as bfloat16, which is exact (tk.compact). rounded: on the GPU every matrix is
+    shared. compact: on the GPU a matrix of bfloat16 values (a bfloat16 checkpoint, read as
+    such or widened) is stored as bfloat16, which is exact (tk.compact); other bfloat16 arrays
+    are widened to float32 there. rounded: on the GPU every matrix is
     stored as bfloat16, rounded to nearest (a float32 checkpoint at precision bf16, as
     transformers' bfloat16 model holds its weights)."""
     import dataclasses
@@ -52,6 +65,9 @@ def move_weights(tree, device: str, compact: bool = False, rounded: bool = False
         import cupy
 
         def move(a):
+            if a.dtype == tk.weights.BF16:          # a bfloat16 checkpoint's, read as it is stored
+                a = cupy.asarray(a.view(np.uint16)).view(tk.weights.BF16)
+                return a if a.ndim == 2 and (compact or rounded) else tk.widen(a)
             a = cupy.asarray(a)
             if a.ndim == 2 and rounded:
                 return tk.weights.to_bf16(a)
@@ -78,7 +94,8 @@ def move_weights(tree, device: str, compact: bool = False, rounded: bool = False
             seen[id(x)] = move(x)
         return seen[id(x)]
 
-    return m(tree)
+    with stage("weights to the device" if device == "gpu" else "weights to float32"):
+        return m(tree)
 
 
 def device_stream(xp):

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import embedding, full_wait_next, get_matmul_precision
 from .kvcache import KVCache
+from .profile import stage
 from .sampling import GREEDY, Sampler
 
 
@@ -77,12 +78,13 @@ class DecodeGraph:
         self.at = self.positions.get()          # where building writes keys: each row's next column
         self.pool = cupy.cuda.MemoryPool()      # temporaries: no later allocation reuses what a graph writes
         self.queued = None                      # the event of the last replay queued (its pinned buffers)
-        self._seed(np.zeros(b, np.int64), self.at)   # compiles the seeding embedding now, not in tokens
-        # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so that
-        # consecutive replays copy their tokens into different host arrays
-        self.single = [self._capture(step, p, 1) for p in (0, 1)]
-        self.chains = [self._capture(step, 0, CHAIN) for _ in range(2)]
-        self._warm()
+        with stage("decode graphs"):
+            self._seed(np.zeros(b, np.int64), self.at)   # compiles the seeding embedding now, not in tokens
+            # the step from x[0] (into x[1]) and from x[1]; CHAIN steps from x[0] (back into x[0]) twice, so
+            # that consecutive replays copy their tokens into different host arrays
+            self.single = [self._capture(step, p, 1) for p in (0, 1)]
+            self.chains = [self._capture(step, 0, CHAIN) for _ in range(2)]
+            self._warm()
 
     def _warm(self) -> None:
         """Replay the first graph captured once, now. Until it has run, the graphs uploaded after
@@ -231,15 +233,16 @@ class ShapeGraphs:
     changes between calls except through device memory (a KV cache's span).
     """
 
-    def __init__(self, fn: Callable):
-        self.fn, self.graphs = fn, {}
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.graphs, self.name = fn, {}, name
 
     def __call__(self, *arrays):
         import cupy
 
         key = (tuple((a.shape, a.dtype.str) for a in arrays), get_matmul_precision())
         if key not in self.graphs:
-            self.graphs[key] = self._capture(arrays)
+            with stage(f"{self.name} graphs"):
+                self.graphs[key] = self._capture(arrays)
         inputs, out, graph, *_ = self.graphs[key]
         for buf, a in zip(inputs, arrays):
             buf[...] = a
@@ -265,6 +268,6 @@ class ShapeGraphs:
         return inputs, out, graph, pool, stream
 
 
-def graphed(xp, fn: Callable) -> Callable:
-    """fn as ShapeGraphs on the GPU, fn itself on the CPU."""
-    return fn if xp is np else ShapeGraphs(fn)
+def graphed(xp, fn: Callable, name: str) -> Callable:
+    """fn as ShapeGraphs on the GPU (its captures timed as stage '<name> graphs'), fn itself on the CPU."""
+    return fn if xp is np else ShapeGraphs(fn, name)

@@ -84,7 +84,7 @@ class ModelRunner:
             view = KVCache(s.k[:, :rows], s.v[:, :rows], s.span, s.kv_start[:rows], s.rope,
                            last=xp.zeros(rows, np.int64))
             step = lambda x: self.model.step(x, view)      # noqa: E731
-            self.prefills[rows] = (view, step, ShapeGraphs(step) if xp is not np else None)
+            self.prefills[rows] = (view, step, ShapeGraphs(step, "prefill") if xp is not np else None)
         return self.prefills[rows]
 
     def prefill(self, requests: list[Request]) -> "FirstTokens":
