@@ -82,10 +82,14 @@ def test_installed_transcribe_runs(venv, tmp_path):
                                                    ("glm-asr", "glm_asr", "transcribe.yaml")])
 def test_sdist_builds_a_wheel_with_the_configs(package, module, config, tmp_path):
     """`uv build` (as `python -m build`) makes the sdist, then the wheel from the unpacked sdist:
-    the configs (a link to the top-level configs/) must be in the sdist as files, so in the wheel."""
+    the configs (a link to the top-level configs/) must be in the sdist as files, so in the wheel,
+    and so must the kernel lists."""
     r = run([UV, "build", "--package", package, "-o", tmp_path], cwd=ROOT, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     wheels = list(tmp_path.glob("*.whl"))
     assert len(wheels) == 1
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert f"{module}/configs/{config}" in names
+    # the kernel lists a GPU load builds ahead (tilekernels.cubins)
+    shipped = {p.name for p in (ROOT / "packages" / module.replace("-", "_") / "src" / module / "kernels").glob("*.txt")}
+    assert shipped and {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{module}/kernels/")} == shipped

@@ -50,7 +50,7 @@ def stages() -> dict:
 
     return {"stages": {k: {"seconds": round(s, 4), "count": n} for k, (s, n) in _STAGES.items()},
             "marks": {k: round(v, 4) for k, v in _MARKS.items()}, "kernels": dict(STATS),
-            "wall_s": round(process_age(), 4)}
+            "process_s": round(process_age(), 4)}
 
 
 def report(file=None) -> None:
@@ -58,7 +58,7 @@ def report(file=None) -> None:
     file = file or sys.stderr
     s = stages()
     k = s["kernels"]
-    print(f"profile: {s['wall_s']:.2f} s since the process started", file=file)
+    print(f"profile: {s['process_s']:.2f} s since the process started", file=file)
     for name, v in s["marks"].items():
         print(f"  {name:<28} at {v:8.2f} s", file=file)
     for name, v in s["stages"].items():
