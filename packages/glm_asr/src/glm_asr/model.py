@@ -12,10 +12,8 @@ import numpy as np
 
 import tilekernels as tk
 from tilekernels.precision import input_dtype
-from tilekernels.cubins import built_ahead
-from tilekernels.runtime import (CheckpointError, KVCache, graphed, kernel_manifest, load_tensors, move_weights,
+from tilekernels.runtime import (CheckpointError, KVCache, graphed, load_model, load_tensors, move_weights,
                                  read_config, take)
-from tilekernels.runtime.profile import stage
 from tilekernels.weights import empty
 
 from .config import GlmAsrConfig
@@ -42,11 +40,8 @@ class GlmAsr:
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
         cfg = GlmAsrConfig.from_hf(read_config(directory), generation)
         e, d = cfg.encoder, cfg.decoder
-        manifest = kernel_manifest(KERNELS, device, e.hidden_size, d.hidden_size, d.vocab_size)
-        with stage("model load"), built_ahead(manifest):
-            with stage("weights prepared"):
-                model = cls._read(directory, cfg)
-            return model.to(device)
+        return load_model(lambda: cls._read(directory, cfg), device, KERNELS, e.hidden_size, d.hidden_size,
+                          d.vocab_size)
 
     @classmethod
     def _read(cls, directory: Path, cfg: GlmAsrConfig) -> "GlmAsr":

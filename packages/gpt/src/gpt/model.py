@@ -8,9 +8,7 @@ from pathlib import Path
 import numpy as np
 
 import tilekernels as tk
-from tilekernels.cubins import built_ahead
-from tilekernels.runtime import KVCache, kernel_manifest, load_tensors, move_weights, read_config, take
-from tilekernels.runtime.profile import stage
+from tilekernels.runtime import KVCache, load_model, load_tensors, move_weights, read_config, take
 
 from .config import GPTConfig
 
@@ -32,12 +30,8 @@ class GPT:
     def load(cls, directory: Path, device: str = "cpu") -> "GPT":
         """Read config.json and the safetensors of a GPT-2 checkpoint directory; on the GPU the
         kernels the model launches build meanwhile, in worker processes (tilekernels.cubins)."""
-        config = GPTConfig.from_hf(read_config(directory))
-        manifest = kernel_manifest(KERNELS, device, config.n_embd, config.n_head, config.vocab_size)
-        with stage("model load"), built_ahead(manifest):
-            with stage("weights prepared"):
-                model = cls._read(directory, config)
-            return model.to(device)
+        c = GPTConfig.from_hf(read_config(directory))
+        return load_model(lambda: cls._read(directory, c), device, KERNELS, c.n_embd, c.n_head, c.vocab_size)
 
     @classmethod
     def _read(cls, directory: Path, config: GPTConfig) -> "GPT":

@@ -9,7 +9,7 @@ tokenizers), imported when used; server.py (the OpenAI-compatible servers' share
 `serve` extra (fastapi, uvicorn, python-multipart, prometheus-client).
 """
 from .checkpoint import CheckpointError, from_model_config, load_tensors, read_config, resolve, take
-from .device import device_stream, freeze_heap, gpu_problem, kernel_manifest, move_weights, pick_device
+from .device import device_stream, freeze_heap, gpu_problem, kernel_manifest, load_model, move_weights, pick_device
 from .engine import MAX_BATCH, Engine, Event, check_length
 from .generation import generate, requests, text_pieces, warm_up
 from .graphs import DecodeGraph, ShapeGraphs, graphed
@@ -24,5 +24,5 @@ from .tokenizer import TextStream, load_tokenizer
 __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion", "DecodeGraph", "DecoderModel",
            "Engine", "Event", "KVCache", "ModelRunner", "Request", "Sampler", "Sampling", "ShapeGraphs",
            "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate", "gpu_problem",
-           "graphed", "kernel_manifest", "load_tensors", "load_tokenizer", "move_weights", "pick_device", "precision", "read_config",
+           "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer", "move_weights", "pick_device", "precision", "read_config",
            "requests", "resolve", "set_precision", "take", "text_pieces", "warm_up"]

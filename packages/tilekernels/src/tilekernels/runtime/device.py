@@ -6,6 +6,7 @@ import contextlib
 import gc
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -47,6 +48,18 @@ def kernel_manifest(folder: Path, device: str, *dims) -> Path | None:
     from .precision import precision
 
     return folder / ("-".join(map(str, (*dims, precision()))) + ".txt") if device == "gpu" else None
+
+
+def load_model(read: Callable, device: str, kernels: Path, *dims):
+    """read() (a model from its checkpoint, on the CPU) moved to `device`, timed as the stages
+    'model load' and 'weights prepared'; on the GPU the kernels listed for a model of these
+    dimensions (kernel_manifest) build meanwhile in worker processes (tilekernels.cubins)."""
+    from ..cubins import built_ahead
+
+    with stage("model load"), built_ahead(kernel_manifest(kernels, device, *dims)):
+        with stage("weights prepared"):
+            model = read()
+        return model.to(device)
 
 
 def move_weights(tree, device: str, compact: bool = False, rounded: bool = False):
