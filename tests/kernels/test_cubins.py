@@ -116,3 +116,14 @@ def test_a_script_that_prebuilds_at_top_level_runs_once(cache, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert runs.read_text() == "ran\n"
+
+
+def test_a_stale_line_is_skipped_and_an_unwritable_cache_still_compiles(tmp_path, monkeypatch):
+    """A manifest line naming no kernel (renamed since) is not built; a cache folder that cannot be
+    written leaves the kernel compiling as ever."""
+    assert cubins.missing(["tilekernels.softmax:no_such_kernel x", "not a line"], "sm_90") == []
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("TILEKERNELS_CACHE_DIR", str(blocked / "cache"))      # under a file: unwritable
+    cubin, *_ = softmax.softmax_kernel._compile(SOFTMAX, default_tile_context, (9, 0))
+    assert len(cubin) > 1000 and not (blocked / "cache").exists()

@@ -76,11 +76,23 @@ def cubin_path(module: str, name: str, symbol: str, options: str, arch: str) -> 
 
 
 def _store(path: Path, cubin: bytes) -> None:
-    """Write a cubin atomically (a reader never sees half of one; concurrent writers agree)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write a cubin atomically (a reader never sees half of one; concurrent writers agree); a
+    cache that cannot be written (a read-only home) is skipped: the kernel still runs."""
     tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(cubin)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _read(path: Path | None) -> bytes | None:
+    try:
+        return path.read_bytes() if path is not None else None
+    except OSError:         # not built yet, or unreadable: compiled again
+        return None
 
 
 def device_arch() -> str:
@@ -110,9 +122,10 @@ class kernel(ct.kernel):
             began = time.perf_counter()
             pending.wait_for(path)          # a failed build is compiled again below, which reports it
             STATS["wait_s"] += time.perf_counter() - began
-        if path is not None and path.exists():
+        cubin = _read(path)
+        if cubin is not None:
             STATS["loaded"] += 1
-            return path.read_bytes(), symbol, None, ()
+            return cubin, symbol, None, ()
         began = time.perf_counter()
         cubin, symbol, extra, providers = super()._compile(signature, context, compute_capability)
         STATS["built"] += 1
@@ -162,10 +175,14 @@ def _resolve(line: str) -> tuple[kernel, str]:
 
 
 def missing(lines: Iterable[str], arch: str) -> list[tuple[str, Path]]:
-    """The manifest lines whose cubins are not in the cache yet, each with its cache file."""
+    """The manifest lines whose cubins are not in the cache yet, each with its cache file (a line
+    naming no kernel of this tilekernels is skipped: its launch, if any, compiles as ever)."""
     out = []
     for line in lines:
-        k, symbol = _resolve(line)
+        try:
+            k, symbol = _resolve(line)
+        except (ImportError, AttributeError, ValueError):
+            continue
         path = cubin_path(*k.reference(), symbol, k.options(), arch)
         if path is not None and not path.exists():
             out.append((line, path))
