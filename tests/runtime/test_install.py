@@ -91,5 +91,5 @@ def test_sdist_builds_a_wheel_with_the_configs(package, module, config, tmp_path
     names = zipfile.ZipFile(wheels[0]).namelist()
     assert f"{module}/configs/{config}" in names
     # the kernel lists a GPU load builds ahead (tilekernels.cubins)
-    shipped = {p.name for p in (ROOT / "packages" / module.replace("-", "_") / "src" / module / "kernels").glob("*.txt")}
+    shipped = {p.name for p in (ROOT / "packages" / module / "src" / module / "kernels").glob("*.txt")}
     assert shipped and {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{module}/kernels/")} == shipped

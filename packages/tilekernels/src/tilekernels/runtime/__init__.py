@@ -23,6 +23,7 @@ from .tokenizer import TextStream, load_tokenizer
 
 __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion", "DecodeGraph", "DecoderModel",
            "Engine", "Event", "KVCache", "ModelRunner", "Request", "Sampler", "Sampling", "ShapeGraphs",
-           "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate", "gpu_problem",
-           "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer", "move_weights", "pick_device", "precision", "read_config",
-           "requests", "resolve", "set_precision", "take", "text_pieces", "warm_up"]
+           "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate",
+           "gpu_problem", "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer",
+           "move_weights", "pick_device", "precision", "read_config", "requests", "resolve", "set_precision", "take",
+           "text_pieces", "warm_up"]

@@ -1,10 +1,10 @@
-"""Hugging Face checkpoints as float32 numpy arrays: locating, reading, checking.
+"""Hugging Face checkpoints as numpy arrays: locating, reading, checking.
 
 Shared by both models. A checkpoint is a hub id (resolved through huggingface_hub, so the
 HF cache, `revision` and HF_HUB_OFFLINE behave as usual) or a local directory holding
 config.json and model.safetensors or a sharded model.safetensors.index.json.
-float16 and bfloat16 tensors are widened to float32 (numpy has no bfloat16, so its
-16-bit pattern becomes the top half of a float32).
+float16 and bfloat16 tensors are widened to float32 (a bfloat16's 16-bit pattern becomes the
+top half of a float32), or bfloat16 ones kept as stored (load_tensors(widen=False)).
 """
 from __future__ import annotations
 
