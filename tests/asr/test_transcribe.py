@@ -202,3 +202,14 @@ def test_a_bfloat16_checkpoint_reads_as_stored_and_loads_the_same(rounded_tiny):
     for x, y in zip(*((m.w["decoder"][0].qkv[0], *m.w["encoder"][0].qkv, m.w["lm_head"], m.w["norm"].weight)
                       for m in (a, b))):
         assert x.dtype == y.dtype == np.float32 and np.array_equal(x, y)
+
+
+def test_profile_marks_the_first_file(tiny, audio_dir):
+    """profile=true on transcribe: the stages of the run on stderr after the transcript, marked
+    up to the first file written."""
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "max_new_tokens=2", "device=cpu", "profile=true")
+    assert r.returncode == 0, r.stderr
+    assert "profile:" not in r.stdout
+    marks = [line.split(" at ")[0].strip() for line in r.stderr.splitlines() if " at " in line]
+    assert marks == ["options read", "model loaded", "first file written"]
+    assert "  model load " in r.stderr and "  checkpoint read " in r.stderr

@@ -126,3 +126,21 @@ def test_cli_max_batch_greedy_samples(ckpt):
     assert [b.split(" ---\n", 1)[0] for b in blocks] == ["1", "2", "3", "4", "5"]
     bodies = {b.split(" ---\n", 1)[1] for b in blocks}
     assert len(bodies) == 1 and bodies.pop().startswith("To be")
+
+
+def test_profile_prints_where_the_time_went(ckpt):
+    """profile=true: after the completion, stderr says where the run's time went (runtime.profile),
+    stdout holds the completion alone; a value that is not a boolean is one error line."""
+    r = cli(f"model.path={ckpt}", "prompt=To be", "max_new_tokens=4", "temperature=0", "device=cpu", "profile=true")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("To be") and "profile" not in r.stdout
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith("profile: ") and "since the process started" in lines[0]
+    marks = [line.split()[0:2] for line in lines if " at " in line]
+    assert [" ".join(m) for m in marks] == ["options read", "model loaded", "first token"]
+    times = [float(line.split(" at ")[1].split()[0]) for line in lines if " at " in line]
+    assert times == sorted(times) and times[0] > 0
+    for stage in ("checkpoint read", "weights prepared", "model load"):
+        assert any(line.strip().startswith(stage) and line.endswith("(1x)") for line in lines), (stage, lines)
+    assert any(line.strip().startswith("kernels: 0 compiled here") for line in lines)
+    one_error_line(cli(f"model.path={ckpt}", "device=cpu", "profile=maybe"), "profile must be true or false")
