@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from glm_asr import bulk
+from glm_asr.bulk import cli as bulk_cli, worker as bulk_worker
 
 FILES = ["long.flac", "notaudio.wav", "other/speech16k.wav", "quiet.ogg", "six48k.wav", "talk/speech16k.wav"]
 NAMES = ["long.json", "quiet.json", "six48k.json", "speech16k-1.json", "speech16k-2.json"]     # notaudio fails
@@ -53,11 +54,15 @@ def cluster(tmp_path_factory):
     workers exit once when a marker named after an output is put in crash_dir."""
     from distributed import Client
 
+    from bulk_crash import CrashBeforeWriting
+
     crash_dir = tmp_path_factory.mktemp("crash")
-    c = bulk.local_cluster([{bulk.CRASH_ENV: str(crash_dir), "GLM_ASR_TEST_PIN": str(i)} for i in range(2)])
+    path = os.pathsep.join([str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    c = bulk.local_cluster([{"PYTHONPATH": path, "GLM_ASR_TEST_PIN": str(i)} for i in range(2)])
     try:
         with Client(c) as client:
             client.wait_for_workers(2, timeout=120)
+            client.register_plugin(CrashBeforeWriting(str(crash_dir)))     # a restarted worker gets it too
         c.crash_dir = crash_dir
         yield c
     finally:
@@ -287,7 +292,7 @@ def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
     and nothing else."""
     for f in [".long.json.k2j3h4", "long.json", ".other.json.abc", ".long.json", "x.txt"]:
         (tmp_path / f).write_text("")
-    bulk._remove_stale_temporaries(tmp_path, {"long.json", "x.txt"})
+    bulk_cli._remove_stale_temporaries(tmp_path, {"long.json", "x.txt"})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
 
 
@@ -298,13 +303,13 @@ def worker_with(recognizer, out_dir: Path):
     job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(out_dir),
            "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
            "output_format": "txt"}
-    bulk._CACHE.clear()
-    bulk._CACHE[bulk._model_key(job)] = (recognizer, "cpu")
+    bulk_worker._CACHE.clear()
+    bulk_worker._CACHE[bulk_worker._model_key(job)] = (recognizer, "cpu")
     try:
         yield job
     finally:
-        bulk._CACHE.clear()
-        bulk._FEEDS.clear()
+        bulk_worker._CACHE.clear()
+        bulk_worker._FEEDS.clear()
 
 
 def test_a_task_whose_pipeline_fails_goes_on_file_by_file(tmp_path):
@@ -400,11 +405,11 @@ def test_a_workers_heartbeat_cut_by_its_own_close_is_not_logged():
 
     log = logging.getLogger("distributed.worker")
     before = list(log.filters)
-    log.filters[:] = [f for f in before if not isinstance(f, bulk._PoolClosing)]   # an in-process worker's
+    log.filters[:] = [f for f in before if not isinstance(f, bulk_worker._PoolClosing)]   # an in-process worker's
     try:
-        bulk._quiet_pool_closing()
-        bulk._quiet_pool_closing()
-        (f,) = [f for f in log.filters if isinstance(f, bulk._PoolClosing)]
+        bulk_worker._quiet_pool_closing()
+        bulk_worker._quiet_pool_closing()
+        (f,) = [f for f in log.filters if isinstance(f, bulk_worker._PoolClosing)]
         beat = "Failed to communicate with scheduler during heartbeat."
         closing = CommClosedError("ConnectionPool closing.")
         gone = CommClosedError("in <TCP (closed) ConnectionPool.heartbeat_worker local=tcp://127.0.0.1:35996 "
