@@ -35,13 +35,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     profile_at_exit(o["profile"])
     mark("options read")
     fmt, out_dir = o["output_format"], o["output_dir"]
-    if fmt not in FORMATS:
-        raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
-        if o[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {o[name]}")
-    if o["audio_stream"] is not None and o["audio_stream"] < 0:
-        raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
+    check_shared(o)
     if not args:
         raise ValueError("no audio files given: python -m glm_asr.transcribe FILE|DIR|-|'GLOB' [...]")
     if args.count("-") > 1:
@@ -95,6 +89,17 @@ def run(cfg: DictConfig, args: list[str]) -> int:
               f"{seconds / max(wall, 1e-9):.1f}x real time" + (f"; {failed} failed" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def check_shared(o: dict) -> None:
+    """The checks of the options transcribe and bulk share: the format, counts, the stream."""
+    if o["output_format"] not in FORMATS:
+        raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {o['output_format']!r}")
+    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
+        if o[name] < 1:
+            raise ValueError(f"{name} must be >= 1, got {o[name]}")
+    if o["audio_stream"] is not None and o["audio_stream"] < 0:
+        raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
 
 
 def vad_options(value) -> dict:

@@ -14,8 +14,8 @@ from pathlib import Path
 from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, \
     options, split_args
 
-from ..formats import FORMATS, output_names
-from ..transcribe import extensions as parse_extensions, vad_options
+from ..formats import output_names
+from ..transcribe import check_shared, extensions as parse_extensions, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
 from .manifest import plan_tasks, probe_duration, read_manifest
 from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
@@ -39,13 +39,7 @@ def check_options(cfg, inputs: list[str]) -> dict:
         raise ValueError("no manifest given: python -m glm_asr.bulk manifest=FILE|DIR output_dir=DIR")
     if not o["output_dir"]:
         raise ValueError("no output_dir given: bulk writes one transcript per file there (output_dir=DIR)")
-    if o["output_format"] not in FORMATS:
-        raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {o['output_format']!r}")
-    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
-        if o[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {o[name]}")
-    if o["audio_stream"] is not None and o["audio_stream"] < 0:
-        raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
+    check_shared(o)
     if o["task_seconds"] < 0 or not math.isfinite(o["task_seconds"]):
         raise ValueError(f"task_seconds must be >= 0, got {o['task_seconds']}")
     if o["scheduler"] and (o["gpus"] is not None or o["workers"] is not None):
