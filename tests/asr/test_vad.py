@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from glm_asr import vad
+from glm_asr.vad import model as vad_model, workers as vad_workers
 from glm_asr.vad import FRAME, SAMPLE_RATE as SR, Segment, VadOptions, segments_from_probs, speech_probs, speech_segments
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -108,10 +109,10 @@ def test_probabilities_are_silero_onnx_models():
 def test_rows_of_one_step_are_independent():
     """Blocks stepped together as rows give each block's own sequential probabilities."""
     x = load("pause05.flac")
-    view, (base,) = vad._frame_view([x], 40 + 90)
+    view, (base,) = vad_model._frame_view([x], 40 + 90)
 
     def blocks(starts):
-        return vad._run_rows(view, [base + f for f in starts], 40, vad.CHUNK)
+        return vad_model._run_rows(view, [base + f for f in starts], 40, vad.CHUNK)
 
     alone = [blocks([f]) for f in (0, 37, 90)]
     together = blocks([0, 37, 90])
@@ -349,7 +350,7 @@ def test_a_bad_input_fails_alone_in_the_worker_processes():
     beside a busy pipeline)."""
     with pytest.raises(ValueError, match="one-dimensional"):
         vad.pooled_probs(np.zeros((2, FRAME), np.float32))
-    assert vad._POOL[1] is not None
+    assert vad_workers._POOL[1] is not None
     x = np.random.default_rng(0).standard_normal(3 * FRAME).astype(np.float32) * 0.1
     np.testing.assert_allclose(vad.pooled_probs(x), speech_probs(x), rtol=1e-5, atol=1e-6)
 

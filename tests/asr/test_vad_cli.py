@@ -54,7 +54,7 @@ def test_streamed_probabilities_give_one_pass_segments(monkeypatch):
     whole-file pass finds; segment_audio cuts exactly each segment's padded audio."""
     import glm_asr.vad as vad
 
-    monkeypatch.setattr(vad, "STREAM_CHUNK", 20 * 512 * 16)            # ~10 s chunks: several seams
+    monkeypatch.setattr(vad.workers, "STREAM_CHUNK", 20 * 512 * 16)            # ~10 s chunks: several seams
     parts = [sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac", "pause05.flac")] * 2
     x = np.concatenate(parts)
     blocks = [x[i: i + 7777] for i in range(0, len(x), 7777)]

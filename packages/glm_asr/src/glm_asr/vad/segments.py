@@ -1,0 +1,214 @@
+"""Speech segments from Silero's frame probabilities: the options (as faster-whisper's), the
+regions (threshold hysteresis), and their merging and cutting into segments of at most one encoder
+window (the package's docstring says how)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+FRAME = 512                 # samples per probability (32 ms)
+MAX_WINDOW_S = 30.0         # the encoder's window
+
+
+@dataclass
+class VadOptions:
+    """Named and defaulted as faster-whisper's VadOptions, except max_speech_duration_s: the 30 s
+    encoder window (faster-whisper: inf), which is also its upper bound here.
+
+    threshold: a frame whose speech probability is >= threshold starts speech.
+    neg_threshold: speech ends at a frame below it (None: max(threshold - 0.15, 0.01)).
+    min_speech_duration_ms: segments whose speech lasts no longer are dropped.
+    max_speech_duration_s: the longest segment (speech bounds and padded audio alike).
+    min_silence_duration_ms: a pause at least this long ends a segment; shorter ones are kept
+        inside it.
+    speech_pad_ms: audio given to the model before and after the speech (not in the times).
+    """
+
+    threshold: float = 0.5
+    neg_threshold: float | None = None
+    min_speech_duration_ms: int = 0
+    max_speech_duration_s: float = MAX_WINDOW_S
+    min_silence_duration_ms: int = 2000
+    speech_pad_ms: int = 400
+
+    def __post_init__(self):
+        def bad(name, want):
+            raise ValueError(f"vad_options.{name} must be {want}, got {getattr(self, name)!r}")
+
+        def number(name):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                bad(name, "a number")
+            return v
+
+        if not 0 < number("threshold") < 1:
+            bad("threshold", "between 0 and 1")
+        if self.neg_threshold is not None and not 0 < number("neg_threshold") <= self.threshold:
+            bad("neg_threshold", f"in (0, threshold={self.threshold}]")
+        for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
+            if number(name) < 0:
+                bad(name, ">= 0")
+        if not 1 <= number("max_speech_duration_s") <= MAX_WINDOW_S:
+            bad("max_speech_duration_s", f"between 1 and {MAX_WINDOW_S:g} (the encoder's window)")
+
+    @property
+    def low(self) -> float:
+        """The threshold below which speech ends."""
+        return max(self.threshold - 0.15, 0.01) if self.neg_threshold is None else self.neg_threshold
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Samples in the file's time at 16 kHz: [start, end) holds the speech (the times written),
+    [audio_start, audio_end) the audio given to the model (start/end padded)."""
+
+    start: int
+    end: int
+    audio_start: int
+    audio_end: int
+
+    @property
+    def start_s(self) -> float:
+        return self.start / SAMPLE_RATE
+
+    @property
+    def end_s(self) -> float:
+        return self.end / SAMPLE_RATE
+
+    @property
+    def audio_start_s(self) -> float:
+        return self.audio_start / SAMPLE_RATE
+
+    @property
+    def audio_end_s(self) -> float:
+        return self.audio_end / SAMPLE_RATE
+
+
+def speech_regions(probs: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
+    """[start, end) frame ranges of speech: it starts at a frame >= threshold and ends at the
+    next frame below neg_threshold (frames between the two keep the state they follow)."""
+    o = options or VadOptions()
+    p = np.asarray(probs, np.float32)
+    if len(p) == 0:
+        return []
+    on, off = p >= o.threshold, p < o.low
+    idx = np.arange(len(p))
+    last = np.maximum.accumulate(np.where(on | off, idx, -1))          # the latest decisive frame
+    speech = (last >= 0) & on[np.maximum(last, 0)]
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], speech.view(np.int8), [0]])))
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _hard_cuts(start: int, end: int, probs: np.ndarray, max_frames: int) -> list[tuple[int, int]]:
+    """A region without a pause cut into parts of at most max_frames at its least speech-like
+    frames (where both sides fit if they can, else after at least half a part)."""
+    out = []
+    while end - start > max_frames:
+        if end - start <= 2 * max_frames:
+            lo, hi = end - max_frames, start + max_frames            # both sides fit
+        else:
+            lo, hi = start + max_frames // 2, start + max_frames
+        cut = lo + int(np.argmin(probs[lo:hi + 1]))
+        out.append((start, cut))
+        start = cut
+    return out + [(start, end)]
+
+
+def _split(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -> list[tuple[int, int]]:
+    """Speech spans of at most max_frames covering a group of regions, cut in pauses between
+    regions: the shortest pause cut in is as long as it can be, then the parts are as few as they
+    can be, then the pauses cut in as long (then as little speech-like) as they can be. A region
+    longer than max_frames is first cut at its least speech-like frames (pauses of length 0)."""
+    regions = [r for a, b in regions for r in _hard_cuts(a, b, probs, max_frames)]
+    starts = np.array([a for a, _ in regions])
+    ends = np.array([b for _, b in regions])
+    if ends[-1] - starts[0] <= max_frames:
+        return [(int(starts[0]), int(ends[-1]))]
+    n = len(regions)
+    gap = starts[1:] - ends[:-1]                                     # the pause after region k
+    cum = np.concatenate([[0.0], np.cumsum(probs, dtype=np.float64)])
+    mean = (cum[starts[1:]] - cum[ends[:-1]]) / np.maximum(gap, 1)
+    first = np.searchsorted(starts, ends - max_frames, side="left")   # a part ending at j starts >= first[j]
+
+    def feasible(tau):                 # parts <= max_frames cut only in pauses >= tau (greedy)
+        i = 0
+        while ends[-1] - starts[i] > max_frames:
+            j = int(np.searchsorted(ends, starts[i] + max_frames, side="right")) - 1   # last region that fits
+            while j >= i and gap[j] < tau:
+                j -= 1
+            if j < i:
+                return False
+            i = j + 1
+        return True
+
+    taus = np.unique(gap)
+    lo, hi = 0, len(taus) - 1                                        # taus[0] (the shortest) always works
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if feasible(taus[mid]) else (lo, mid - 1)
+    tau = taus[lo]
+    # the cost of a part ending with region j: one part, less its pause's length, plus its pause's
+    # mean probability, weighted so that each criterion outranks the next (for pauses adding up
+    # to less than 1e7 frames, 89 hours)
+    cost = np.concatenate([1e10 - gap * 1e3 + mean, [1e10]])
+    cost[:-1][gap < tau] = math.inf                                  # no cut in a shorter pause
+    best = np.full(n, math.inf)                                      # covering regions 0..j, cut after j
+    prev = np.full(n, math.inf)                                      # prev[i]: best[i - 1] (0 for i = 0)
+    prev[0] = 0.0
+    came = np.zeros(n, np.int64)
+    for j in range(n):
+        if cost[j] < math.inf:
+            k = int(first[j]) + int(np.argmin(prev[first[j]: j + 1]))
+            best[j], came[j] = prev[k] + cost[j], k
+            if j + 1 < n:
+                prev[j + 1] = best[j]
+    out, j = [], n - 1
+    while j >= 0:
+        i = int(came[j])
+        out.append((int(starts[i]), int(ends[j])))
+        j = i - 1
+    return out[::-1]
+
+
+def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None) -> list[Segment]:
+    """The segments of a file of n_samples whose frame probabilities are probs (see module doc)."""
+    o = options or VadOptions()
+    probs = np.asarray(probs, np.float32)
+    if probs.shape != (-(-n_samples // FRAME),):
+        raise ValueError(f"{n_samples} samples have {-(-n_samples // FRAME)} frames, got probabilities of shape {probs.shape}")
+    max_samples = int(o.max_speech_duration_s * SAMPLE_RATE)
+    max_frames = max_samples // FRAME
+    min_silence = o.min_silence_duration_ms * SAMPLE_RATE / 1000
+    min_speech = o.min_speech_duration_ms * SAMPLE_RATE / 1000
+    pad = int(o.speech_pad_ms * SAMPLE_RATE / 1000)
+
+    groups: list[list[tuple[int, int]]] = []
+    for r in speech_regions(probs, o):
+        if groups and (r[0] - groups[-1][-1][1]) * FRAME < min_silence:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    spans = []
+    for g in groups:
+        a, b = g[0][0] * FRAME, min(g[-1][1] * FRAME, n_samples)
+        if b > a and b - a > min_speech:
+            spans += _split(g, probs, max_frames)
+    bounds = [(a * FRAME, min(b * FRAME, n_samples)) for a, b in spans]
+    bounds = [(a, b) for a, b in bounds if b > a]
+
+    out = []
+    for i, (a, b) in enumerate(bounds):
+        left = (bounds[i - 1][1] + a) // 2 if i else 0                 # the middle of each pause
+        right = (b + bounds[i + 1][0]) // 2 if i + 1 < len(bounds) else n_samples
+        lp, rp = min(pad, a - max(left, 0)), min(pad, min(right, n_samples) - b)
+        slack = max_samples - (b - a)
+        if lp + rp > slack:                                            # share what 30 s leaves
+            lp2 = min(lp, slack // 2)
+            rp2 = min(rp, slack - lp2)
+            lp2 = min(lp, slack - rp2)
+            lp, rp = lp2, rp2
+        out.append(Segment(a, b, a - lp, b + rp))
+    return out

@@ -1,0 +1,123 @@
+"""The CPU's VAD in worker processes (pooled_probs: Silero's LSTM steps in Python, which wait on the
+GIL in a busy pipeline's process), long inputs streamed through it a chunk at a time
+(stream_probs), and each segment's audio cut from arriving blocks (segment_audio)."""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from .model import WARMUP_S, _cpus, speech_probs
+from .segments import FRAME, SAMPLE_RATE, Segment
+
+_LOCK = threading.Lock()
+STREAM_CHUNK = 9375 * FRAME     # 300 s of samples a speech_probs call when streaming (whole frames)
+_POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor or None, threads a process)
+PROCESSES = 8               # the VAD's worker processes at most (half the CPUs: readers and the GPU loop need some)
+
+
+def _pool() -> tuple[int, object, int]:
+    import multiprocessing
+
+    global _POOL
+    with _LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            pool, n = None, max(1, min(PROCESSES, _cpus() // 2))
+            if not multiprocessing.current_process().daemon:
+                from concurrent.futures import ProcessPoolExecutor
+
+                from tilekernels.runtime.parent import watch_parent
+
+                # each worker exits with this process, however it ends (SIGKILL too)
+                pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=watch_parent, initargs=(os.getpid(),))
+                for _ in range(n):      # spawned one a submit: start them all now, each loading the weights
+                    pool.submit(speech_probs, np.zeros(FRAME, np.float32))
+            _POOL = (os.getpid(), pool, max(1, _cpus() // n))
+        return _POOL
+
+
+def start_workers() -> None:
+    """Start the VAD's worker processes (pooled_probs) now, in the background: while a model
+    loads, rather than inside the first files' time (a spawned process imports numpy and loads
+    the weights: about a second)."""
+    _pool()
+
+
+def stop_workers() -> None:
+    """Stop the VAD's worker processes (a server's shutdown: a server killed by a signal it
+    re-raises runs no atexit hooks) and wait for them to exit; pooled_probs starts them again.
+    A normal interpreter exit stops them too (concurrent.futures' own exit hook)."""
+    global _POOL
+    with _LOCK:
+        pool, _POOL = (_POOL[1] if _POOL is not None and _POOL[0] == os.getpid() else None), None
+    if pool is not None:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def pooled_probs(samples: np.ndarray) -> np.ndarray:
+    """speech_probs in one of a few worker processes. Silero's LSTM steps in Python a frame; in the
+    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL (VAD took 10x
+    the bulk benchmark's GPU time).
+    A daemonic process (a Dask worker) may not start children, and a script without a __main__
+    guard cannot spawn them: there it runs here."""
+    global _POOL
+    _, pool, threads = _pool()
+    if pool is not None:
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return pool.submit(speech_probs, samples, threads=threads).result()
+        except BrokenProcessPool as e:  # e.g. a script without a __main__ guard: no child can start
+            warnings.warn(f"VAD worker processes failed ({e}); VAD runs in this process from now on (slower)")
+            with _LOCK:
+                _POOL = (os.getpid(), None, threads)
+    return speech_probs(samples)
+
+
+def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> tuple[np.ndarray, int]:
+    """(speech_probs, sample count) of samples arriving in blocks, STREAM_CHUNK at a time (each
+    through probs(samples)), each chunk after the first warmed up on the WARMUP_S before it (as
+    speech_probs' own blocks): memory bounded by a chunk, not by the file."""
+    warm = int(round(WARMUP_S * SAMPLE_RATE / FRAME)) * FRAME
+    out, buf, tail, n = [], np.zeros(0, np.float32), np.zeros(0, np.float32), 0
+
+    def run(chunk):
+        p = probs(np.concatenate([tail, chunk]) if len(tail) else chunk)
+        return p[len(tail) // FRAME:]
+
+    for block in blocks:
+        n += len(block)
+        buf = np.concatenate([buf, block]) if len(buf) else block
+        while len(buf) >= STREAM_CHUNK:
+            chunk, buf = buf[:STREAM_CHUNK], buf[STREAM_CHUNK:]
+            out.append(run(chunk))
+            tail = chunk[-warm:]
+    if len(buf):
+        out.append(run(buf))
+    return (np.concatenate(out) if out else np.zeros(0, np.float32)), n
+
+
+def segment_audio(blocks: Iterable[np.ndarray], segments: list[Segment]) -> Iterator[tuple[Segment, np.ndarray]]:
+    """(segment, its padded audio) for each segment (in time order) from samples arriving in
+    blocks; only the audio of the segment being cut is held."""
+    segments, pos, buf = list(segments), 0, []
+    i = 0
+    for block in blocks:
+        end = pos + len(block)
+        while i < len(segments):
+            seg = segments[i]
+            a, b = max(seg.audio_start, pos), min(seg.audio_end, end)
+            if b > a:
+                buf.append(block[a - pos: b - pos])
+            if seg.audio_end > end:
+                break
+            yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
+            buf, i = [], i + 1
+        pos = end
+    for seg in segments[i:]:                # a file shorter than its header said
+        yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
+        buf = []
