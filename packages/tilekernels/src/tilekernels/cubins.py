@@ -114,7 +114,7 @@ class kernel(ct.kernel):
         arch = f"sm_{compute_capability[0]}{compute_capability[1]}" if compute_capability else device_arch()
         symbol = signature.symbol or mangle_kernel_name(self._pyfunc.__name__, signature)
         module, name = self.reference()
-        path = cubin_path(module, name, symbol, self.options(), arch)
+        path = self.cache_file(symbol, arch)
         with _LOCK:
             _LAUNCHED.add(f"{module}:{name} {symbol}")
             pending = _PENDING.get(path)
@@ -140,6 +140,10 @@ class kernel(ct.kernel):
 
     def options(self) -> str:
         return repr(self._compiler_options)
+
+    def cache_file(self, symbol: str, arch: str) -> Path | None:
+        """cubin_path of this kernel's specialization `symbol` for `arch`."""
+        return cubin_path(*self.reference(), symbol, self.options(), arch)
 
     def reference(self) -> tuple[str, str]:
         """(module, attribute) naming this kernel, which a worker process imports."""
@@ -183,21 +187,19 @@ def missing(lines: Iterable[str], arch: str) -> list[tuple[str, Path]]:
             k, symbol = _resolve(line)
         except (ImportError, AttributeError, ValueError):
             continue
-        path = cubin_path(*k.reference(), symbol, k.options(), arch)
+        path = k.cache_file(symbol, arch)
         if path is not None and not path.exists():
             out.append((line, path))
     return out
 
 
-def build(line: str, arch: str) -> float:
-    """Compile one manifest line for `arch` into the cache (a worker's job); seconds taken."""
-    began = time.perf_counter()
+def build(line: str, arch: str) -> None:
+    """Compile one manifest line for `arch` into the cache (a worker's job)."""
     k, symbol = _resolve(line)
-    name, signature = demangle_kernel_name(symbol)
+    _, signature = demangle_kernel_name(symbol)
     buf = io.BytesIO()
     export_kernel(k, [signature], buf, gpu_code=arch, output_format="cubin")
-    _store(cubin_path(*k.reference(), symbol, k.options(), arch), buf.getvalue())
-    return time.perf_counter() - began
+    _store(k.cache_file(symbol, arch), buf.getvalue())
 
 
 class Prebuild:
