@@ -39,6 +39,27 @@ def test_a_bfloat16_checkpoint_uploads_as_stored(rounded_tiny):
         assert x.dtype == y.dtype and bool((x.view(cupy.uint8) == y.view(cupy.uint8)).all())
 
 
+def test_weights_prepared_on_the_gpu_are_those_the_cpu_prepares(rounded_tiny):
+    """load_tensors(device='gpu') uploads the checkpoint as stored and the model stacks, widens
+    and folds it there: the same tensors as the CPU's preparation (the folded encoder's to float32
+    rounding of the same float64 sums)."""
+    from tilekernels.runtime import load_tensors
+
+    path = rounded_tiny[tk.weights.BF16]
+    cpu, gpu = load_tensors(path, widen=False), load_tensors(path, widen=False, device="gpu")
+    assert cpu.keys() == gpu.keys()
+    for k in cpu:
+        assert isinstance(gpu[k], cupy.ndarray) and gpu[k].dtype == cpu[k].dtype
+        assert np.array_equal(gpu[k].view(cupy.uint16).get(), cpu[k].view(np.uint16))
+    config = GlmAsr.load(path).config
+    a, b = GlmAsr._read(path, config, "cpu"), GlmAsr._read(path, config, "gpu")
+    assert isinstance(b.w["decoder"][0].qkv[0], cupy.ndarray)
+    for x, y in zip(*((m.w["decoder"][0].qkv[0], m.w["decoder"][1].fc1[0], *m.w["encoder"][0].qkv,
+                       m.w["encoder"][1].fc2[1], m.w["lm_head"]) for m in (a, b))):
+        x, y = tk.widen(x), tk.widen(y).get()
+        np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-7)
+
+
 def test_features_on_the_gpu_match_the_cpu(rng):
     """The same log-mel code on cupy (float64 FFT on the device) as on numpy."""
     audio = (rng.standard_normal(16000 * 37) * 0.1).astype(np.float32)     # a full window and a tail

@@ -393,6 +393,16 @@ def test_compact_keeps_exactly_the_bfloat16_matrices(rng):
     assert tk.compact(w.astype(np.float64)).dtype == np.float64
 
 
+def test_stack_rows_keeps_each_dtype(rng):
+    """Stacked q, k and v rows: float32 as np.concatenate gives them, bfloat16 bit for bit."""
+    parts = [rng.standard_normal((n, 5)).astype(np.float32) for n in (1, 7, 3)]
+    assert np.array_equal(tk.stack_rows(parts), np.concatenate(parts))
+    halves = [p.astype(tk.weights.BF16) for p in parts]
+    got = tk.stack_rows(halves)
+    assert got.dtype == tk.weights.BF16 and got.shape == (11, 5)
+    assert np.array_equal(tk.widen(got), np.concatenate([tk.widen(h) for h in halves]))
+
+
 def test_ops_take_bfloat16_weights(rng):
     """linear and embedding give the same result for a bfloat16 weight as for its float32 copy."""
     x = rng.standard_normal((3, 40)).astype(np.float32)

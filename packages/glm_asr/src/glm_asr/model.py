@@ -40,18 +40,20 @@ class GlmAsr:
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
         cfg = GlmAsrConfig.from_hf(read_config(directory), generation)
         e, d = cfg.encoder, cfg.decoder
-        return load_model(lambda: cls._read(directory, cfg), device, KERNELS, e.hidden_size, d.hidden_size,
+        return load_model(lambda dev: cls._read(directory, cfg, dev), device, KERNELS, e.hidden_size, d.hidden_size,
                           d.vocab_size)
 
     @classmethod
-    def _read(cls, directory: Path, cfg: GlmAsrConfig) -> "GlmAsr":
-        # the text decoder's matrices as stored (bfloat16 in the hub checkpoint: half the bytes to
-        # the GPU, where they stay bfloat16); the rest, which folding the encoder's norms computes
+    def _read(cls, directory: Path, cfg: GlmAsrConfig, device: str = "cpu") -> "GlmAsr":
+        # read where the model runs (on the GPU the checkpoint is uploaded as stored and prepared
+        # there): the text decoder's matrices as stored (bfloat16 in the hub checkpoint: half the
+        # bytes, and they stay bfloat16); the rest, which folding the encoder's norms computes
         # with, in float32. transformers 5 save_pretrained writes the decoder as
         # language_model.model.model.*; the hub checkpoint has language_model.model.*: accept both
         t = {k.replace("language_model.model.model.", "language_model.model."):
              v if k.startswith("language_model.") and v.ndim == 2 else tk.widen(v)
-             for k, v in load_tensors(directory, widen=False).items()}
+             for k, v in load_tensors(directory, widen=False, device=device).items()}
+        xp = tk.array_module(next(iter(t.values()))) if t else np
         e, d = cfg.encoder, cfg.decoder
         c, hd = e.hidden_size, e.head_dim
 
@@ -70,8 +72,8 @@ class GlmAsr:
             (qw, qb), (kw, _), (vw, vb) = (lin(p + "self_attn.q_proj", e.num_heads * hd, c),
                                            lin(p + "self_attn.k_proj", e.num_kv_heads * hd, c, bias=False),
                                            lin(p + "self_attn.v_proj", e.num_kv_heads * hd, c))
-            ln1, *qkv = tk.fold_norm(ln(p + "input_layernorm", c), np.concatenate([qw, kw, vw]),
-                                     np.concatenate([qb, np.zeros(len(kw), np.float32), vb]))
+            ln1, *qkv = tk.fold_norm(ln(p + "input_layernorm", c), tk.stack_rows([qw, kw, vw]),
+                                     xp.concatenate([qb, xp.zeros(len(kw), xp.float32), vb]))
             w["encoder"].append(tk.Block(
                 ln1, tuple(qkv), lin(p + "self_attn.o_proj", c, e.num_heads * hd),
                 ln(p + "post_attention_layernorm", c), lin(p + "mlp.fc1", e.intermediate_size, c),
@@ -85,9 +87,9 @@ class GlmAsr:
 
             def m(k, rows, cols=n):
                 return take(t, p + k + ".weight", (rows, cols))
-            qkv = np.concatenate([m("self_attn.q_proj", d.num_heads * D), m("self_attn.k_proj", d.num_kv_heads * D),
-                                  m("self_attn.v_proj", d.num_kv_heads * D)])
-            gate_up = np.concatenate([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
+            qkv = tk.stack_rows([m("self_attn.q_proj", d.num_heads * D), m("self_attn.k_proj", d.num_kv_heads * D),
+                                 m("self_attn.v_proj", d.num_kv_heads * D)])
+            gate_up = tk.stack_rows([m("mlp.gate_proj", d.intermediate_size), m("mlp.up_proj", d.intermediate_size)])
             # the RMSNorms stay as they are (the decode kernels apply them), so the matrices keep
             # the checkpoint's values: bfloat16 ones are stored as such on the GPU (tk.compact)
             w["decoder"].append(tk.Block(
@@ -99,7 +101,7 @@ class GlmAsr:
         head = t.get("language_model.lm_head.weight")
         if cfg.tie_word_embeddings:
             # as transformers does: a tied head is the embedding, whatever else the file holds
-            if head is not None and not np.array_equal(head, w["embed"]):
+            if head is not None and not bool(xp.array_equal(tk.widen(head), tk.widen(w["embed"]))):
                 print("note: config ties the output head to embed_tokens; ignoring the different "
                       "language_model.lm_head.weight in the checkpoint", file=sys.stderr)
             head = w["embed"]

@@ -31,15 +31,16 @@ class GPT:
         """Read config.json and the safetensors of a GPT-2 checkpoint directory; on the GPU the
         kernels the model launches build meanwhile, in worker processes (tilekernels.cubins)."""
         c = GPTConfig.from_hf(read_config(directory))
-        return load_model(lambda: cls._read(directory, c), device, KERNELS, c.n_embd, c.n_head, c.vocab_size)
+        return load_model(lambda dev: cls._read(directory, c, dev), device, KERNELS, c.n_embd, c.n_head, c.vocab_size)
 
     @classmethod
-    def _read(cls, directory: Path, config: GPTConfig) -> "GPT":
-        t = load_tensors(directory, strip_prefixes=("transformer.",))
+    def _read(cls, directory: Path, config: GPTConfig, device: str = "cpu") -> "GPT":
+        t = load_tensors(directory, strip_prefixes=("transformer.",), device=device)
         c, v, inner = config.n_embd, config.vocab_size, config.inner
+        xp = tk.array_module(t["wte.weight"]) if "wte.weight" in t else np
 
         def lin(key, n_in, n_out):     # Conv1D stores [in, out]; kernels take [out, in]
-            return (np.ascontiguousarray(take(t, key + ".weight", (n_in, n_out)).T),
+            return (xp.ascontiguousarray(take(t, key + ".weight", (n_in, n_out)).T),
                     take(t, key + ".bias", (n_out,)))
 
         def ln(key):

@@ -19,12 +19,12 @@ from .precision import get_matmul_precision, matmul_precision, set_matmul_precis
 from .rope import rope, rope_cos_sin
 from .sampling import sample
 from .softmax import softmax
-from .weights import compact, widen
+from .weights import compact, stack_rows, widen
 
 __version__ = "0.1.0"
 __all__ = [
     "Block", "LayerNorm", "RMSNorm", "dependent_launch", "full_wait_next", "set_dependent_launch", "get_matmul_precision", "matmul_precision",
     "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
     "is_device",
-    "layernorm", "linear", "lstm", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "swiglu", "widen",
+    "layernorm", "linear", "lstm", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "stack_rows", "swiglu", "widen",
 ]

@@ -42,6 +42,15 @@ def widen(a: Any) -> Any:
     return (xp.ascontiguousarray(a).view(xp.uint16).astype(xp.uint32) << 16).view(xp.float32)
 
 
+def stack_rows(arrays: list) -> Any:
+    """Matrices (numpy or cupy, all float32 or all bfloat16) stacked along their rows, as one
+    concatenates q, k and v projections into one; bfloat16 ones through their bits."""
+    xp = array_module(arrays[0])
+    if arrays[0].dtype == BF16:
+        return xp.concatenate([a.view(xp.uint16) for a in arrays]).view(BF16)
+    return xp.concatenate(arrays)
+
+
 def result_dtype(dtype, name: str = "out_dtype") -> np.dtype:
     """dtype as the dtype of an op's result (the argument `name`): float32 or bfloat16
     (ValueError for any other)."""

@@ -1,10 +1,11 @@
-"""Hugging Face checkpoints as numpy arrays: locating, reading, checking.
+"""Hugging Face checkpoints as arrays: locating, reading, checking.
 
 Shared by both models. A checkpoint is a hub id (resolved through huggingface_hub, so the
 HF cache, `revision` and HF_HUB_OFFLINE behave as usual) or a local directory holding
 config.json and model.safetensors or a sharded model.safetensors.index.json.
 float16 and bfloat16 tensors are widened to float32 (a bfloat16's 16-bit pattern becomes the
-top half of a float32), or bfloat16 ones kept as stored (load_tensors(widen=False)).
+top half of a float32), or bfloat16 ones kept as stored (load_tensors(widen=False)); read into
+numpy (views of the mapped file) or straight onto the GPU (load_tensors(device='gpu')).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..weights import BF16
+from ..weights import widen as widen_bf16
 from .profile import stage
 
 
@@ -98,15 +100,25 @@ def _read_header(path: Path, size: int) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = (), widen: bool = True) -> dict[str, np.ndarray]:
+def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = (), widen: bool = True,
+                 device: str = "cpu") -> dict:
     """Every tensor of the checkpoint, keyed by name (prefixes removed): float32, or with widen
-    False a bfloat16 tensor as bfloat16 (ml_dtypes), a view of the file mapped into memory (no
-    copy until the GPU upload, which moves half the bytes of its float32 form)."""
+    False a bfloat16 tensor as bfloat16 (ml_dtypes). On the CPU each is a view of the file mapped
+    into memory where its dtype allows (no copy); with device 'gpu' each is uploaded as stored
+    (cupy; a bfloat16 tensor moves half the bytes of its float32 form, widened there), so that
+    what a model makes of its weights (concatenation, transposes, folded norms) runs on the GPU."""
     with stage("checkpoint read"):
-        return _load_tensors(directory, strip_prefixes, widen)
+        tensors = _load_tensors(directory, strip_prefixes)
+    if device == "gpu":
+        import cupy
+
+        with stage("checkpoint to the device"):
+            tensors = {k: cupy.asarray(v.view(np.uint16)).view(BF16) if v.dtype == BF16 else cupy.asarray(v)
+                       for k, v in tensors.items()}
+    return {k: widen_bf16(v) for k, v in tensors.items()} if widen else tensors
 
 
-def _load_tensors(directory: Path, strip_prefixes: tuple[str, ...], widen: bool) -> dict[str, np.ndarray]:
+def _load_tensors(directory: Path, strip_prefixes: tuple[str, ...]) -> dict[str, np.ndarray]:
     from safetensors import SafetensorError, safe_open
 
     out: dict[str, np.ndarray] = {}
@@ -123,21 +135,23 @@ def _load_tensors(directory: Path, strip_prefixes: tuple[str, ...], widen: bool)
                     begin, end = meta["data_offsets"]
                     if data_start + end > size:
                         raise CheckpointError(f"{path}: truncated (tensor {name} runs past the end)")
-                    if dtype == "BF16":
+                    if dtype == "F16":
+                        tensor = f.get_tensor(name).astype(np.float32)
+                    else:
                         if raw is None:
                             raw = np.memmap(path, dtype=np.uint8, mode="r")
-                        bits = raw[data_start + begin: data_start + end].view("<u2")
-                        tensor = (bits.astype(np.uint32) << 16).view(np.float32) if widen else bits.view(BF16)
+                        bits = raw[data_start + begin: data_start + end]
+                        if (data_start + begin) % _WIDTH[dtype]:      # unaligned: a copy
+                            bits = bits.copy()
+                        tensor = bits.view("<u2").view(BF16) if dtype == "BF16" else bits.view("<f4")
                         tensor = tensor.reshape(meta["shape"])
-                    else:
-                        tensor = f.get_tensor(name).astype(np.float32, copy=False)
                     key = name
                     for p in strip_prefixes:
                         if key.startswith(p):
                             key = key[len(p):]
                             break
-                    out[key] = tensor if tensor.dtype == BF16 else np.ascontiguousarray(tensor, dtype=np.float32)
-        except SafetensorError as e:
+                    out[key] = tensor
+        except (SafetensorError, ValueError) as e:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors ({e})") from None
     return out
 

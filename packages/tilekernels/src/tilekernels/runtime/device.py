@@ -51,14 +51,15 @@ def kernel_manifest(folder: Path, device: str, *dims) -> Path | None:
 
 
 def load_model(read: Callable, device: str, kernels: Path, *dims):
-    """read() (a model from its checkpoint, on the CPU) moved to `device`, timed as the stages
-    'model load' and 'weights prepared'; on the GPU the kernels listed for a model of these
-    dimensions (kernel_manifest) build meanwhile in worker processes (tilekernels.cubins)."""
+    """read(device) (a model from its checkpoint, its tensors uploaded as stored and prepared
+    where they will run) moved to `device`, timed as the stages 'model load' and 'weights
+    prepared'; on the GPU the kernels listed for a model of these dimensions (kernel_manifest)
+    build meanwhile in worker processes (tilekernels.cubins)."""
     from ..cubins import built_ahead
 
     with stage("model load"), built_ahead(kernel_manifest(kernels, device, *dims)):
         with stage("weights prepared"):
-            model = read()
+            model = read(device)
         return model.to(device)
 
 
