@@ -362,14 +362,18 @@ def test_gpu_probabilities_are_the_numpy_models(poisoned, two_minutes):
     """device_probs (tilekernels' linear and lstm at 'highest') against the numpy model in the
     same blocks (each file's by its length alone), and against the ONNX model's own on the short
     fixtures (one block: the sequential pass), within 1e-4; a file's probabilities alone and in a
-    batch of others are the same; empty and one-sample files."""
+    batch of others are the same; empty and one-sample files; files of any length and number after
+    the first launch no other kernel specialization (rows and steps in shape classes)."""
     import cupy
+
+    from tilekernels import cubins
 
     ref = np.load(FIXTURES / "silero_onnx_probs.npz")
     rng = np.random.default_rng(5)
     files = [load("pause05.flac"), load("noise.flac"), two_minutes[0], np.zeros(0, np.float32),
              rng.standard_normal(1).astype(np.float32), noise(31.3, rng)]
     got = vad.device_probs([cupy.asarray(x) for x in files])
+    kinds = set(cubins.launched())
     for x, p in zip(files, got):
         assert isinstance(p, np.ndarray) and p.shape == (-(-len(x) // FRAME),)
         np.testing.assert_allclose(p, speech_probs(x, threads=1, batch=1 << 20), atol=1e-4)
@@ -378,3 +382,5 @@ def test_gpu_probabilities_are_the_numpy_models(poisoned, two_minutes):
     for x, p in zip(files, got):
         assert np.array_equal(vad.device_probs([cupy.asarray(x)])[0], p)
     assert np.array_equal(speech_probs(cupy.asarray(files[2])), got[2])
+    vad.device_probs([cupy.asarray(x) for x in files[2:4] + [noise(7.7, rng)] * 5])
+    assert set(cubins.launched()) == kinds

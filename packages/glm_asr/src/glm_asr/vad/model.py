@@ -22,6 +22,8 @@ MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted
 BATCH = 32                  # blocks stepped together (rows of one LSTM step)
 DEVICE_FRAMES = 16384       # frames encoded at once on the GPU (~15 KB each of temporaries)
 CHUNK = 256                 # frames of each block encoded at once (fewer were slower)
+SHAPE_CLASS = 16            # GPU rows, steps and chunks padded to multiples: cuTile specializes a
+                            # kernel on its dims' divisibility by 16, so one build serves every file
 MODEL_PATH = Path(__file__).resolve().parents[1] / "data" / "silero_vad_16k.safetensors"  # tools/convert_silero.py
 
 
@@ -242,17 +244,23 @@ def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: f
     out = [np.zeros(0, np.float32) for _ in xs]
     if not live:
         return out
-    steps = max(layouts[i][2] for i in live)
+    steps = _ceil(max(layouts[i][2] for i in live), SHAPE_CLASS)
     view, bases = _frame_view([xs[i] for i in live], steps)
     rows = [base + f for i, base in zip(live, bases) for f in layouts[i][0]]
+    padded = rows + [rows[-1]] * (-len(rows) % SHAPE_CLASS)         # repeats, whose columns go unread
+    chunk = max(SHAPE_CLASS, DEVICE_FRAMES // len(padded) // SHAPE_CLASS * SHAPE_CLASS)
     with matmul_precision("highest"):
-        p = _run_rows(view, rows, steps, max(1, DEVICE_FRAMES // len(rows))).get()
+        p = _run_rows(view, padded, steps, chunk).get()
     col = 0
     for i in live:
         starts, length, _ = layouts[i]
         out[i] = _assemble(p[:, col:col + len(starts)], ns[i], length, warm)
         col += len(starts)
     return out
+
+
+def _ceil(n: int, k: int) -> int:
+    return -(-n // k) * k
 
 
 def speech_segments(samples: np.ndarray, options: VadOptions | None = None, *,
