@@ -30,9 +30,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def default_precision():
-    """Every test starts at tilekernels' default matmul precision ('high'): loading a model through
-    the gpt or glm_asr API sets the process's precision (bf16 by default), which would otherwise
-    carry into the tests after it (GPT.load on the GPU rounds its matrices at bf16)."""
+    """Every test starts at tilekernels' default matmul precision ('high'), whatever one before it
+    set for the process (GPT.load on the GPU rounds its matrices at bf16)."""
     import tilekernels as tk
 
     tk.set_matmul_precision("high")

@@ -213,3 +213,34 @@ def test_profile_marks_the_first_file(tiny, audio_dir):
     marks = [line.split(" at ")[0].strip() for line in r.stderr.splitlines() if " at " in line]
     assert marks == ["options read", "model loaded", "first file written"]
     assert "  model load " in r.stderr and "  checkpoint read " in r.stderr
+
+
+def test_each_model_keeps_the_precision_it_was_loaded_with(tiny):
+    """gpt at fp32, then GLM-ASR at bf16 and the process set to tf32: every product of gpt's
+    engine and teacher-forced logits still runs at fp32 ('highest'), GLM-ASR's at bf16, and the
+    process's setting is left as it was set."""
+    import glm_asr
+    import gpt
+    import tilekernels as tk
+    from tilekernels.runtime import precision, set_precision
+
+    lm = gpt.load("shakespeare", device="cpu", precision="fp32")
+    asr = glm_asr.load(str(tiny), device="cpu", precision="bf16")
+    seen: dict[str, set] = {"gpt": set(), "asr": set()}
+
+    def spy(name, fn):
+        def call(*args, **kwargs):
+            seen[name].add(tk.get_matmul_precision())
+            return fn(*args, **kwargs)
+        return call
+
+    lm.model.step, lm.model.forward = spy("gpt", lm.model.step), spy("gpt", lm.model.forward)
+    m = asr.transcriber.model
+    m.step, m.encode = spy("asr", m.step), spy("asr", m.encode)
+    set_precision("tf32")           # the conftest puts the process's setting back after the test
+    lm.generate("To be", max_new_tokens=3, temperature=0)
+    lm.logits([[1, 2, 3]])
+    asr.transcribe((0.1 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32), 16000,
+                   max_new_tokens=2, vad="none")
+    assert seen == {"gpt": {"highest"}, "asr": {"medium"}}
+    assert (lm.engine().precision, asr.transcriber.engine.precision, precision()) == ("fp32", "bf16", "tf32")

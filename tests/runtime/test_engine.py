@@ -201,7 +201,7 @@ def test_a_flow_yields_to_waiting_requests_in_groups_or_after_a_while(ckpt):
     free slot has waited ADMIT_WAIT_S. Their tokens are what they get alone all the same."""
     import time
 
-    from tilekernels.runtime import engine as engine_module
+    from tilekernels.runtime import scheduler as scheduler_module
 
     model = GPT.load(ckpt)
     engine = Engine(model, 32)
@@ -219,7 +219,7 @@ def test_a_flow_yields_to_waiting_requests_in_groups_or_after_a_while(ckpt):
     engine.add(late[2])
     engine.step()
     assert list(engine.scheduler.waiting) == [late[2]]
-    time.sleep(engine_module.ADMIT_WAIT_S)
+    time.sleep(scheduler_module.ADMIT_WAIT_S)
     engine.step()
     assert not engine.scheduler.waiting
     while engine.busy:

@@ -50,7 +50,7 @@ def test_the_runtime_imports_no_model():
         assert not {m for m in imported(p) if m.split(".")[0] in ("gpt", "glm_asr")}, p
 
 
-ENGINE_INSIDES = {"scheduler", "runner", "flow", "flow_on", "flow_rows", "flow_left", "held_since", "last"}
+ENGINE_INSIDES = {"scheduler", "runner", "flow", "flow_rows", "flow_left", "last"}
 
 
 def engine_insides(path: Path) -> list[str]:

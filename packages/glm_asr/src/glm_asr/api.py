@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, pick_device, resolve, set_precision
+from tilekernels.runtime import CheckpointError, pick_device, resolve, using
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
@@ -72,9 +72,9 @@ def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None,
     """GLM-ASR from a hub id (through the HF cache) or a local checkpoint directory, on device
     'auto' (the GPU when one works), 'gpu' or 'cpu'. max_batch: the most windows decoding at
     once; encoder_batch: windows encoded together; precision (GPU): 'bf16', 'tf32' or 'fp32'
-    (tilekernels.runtime.precision; the process's setting, as torch's)."""
-    with _one_line():
-        set_precision(precision)
+    (tilekernels.runtime.precision), the model's own: whatever else the process loads or sets,
+    its products run at it."""
+    with _one_line(), using(precision):
         return SpeechRecognizer(Transcriber.load(resolve(str(model), revision), pick_device(device), max_batch,
                                             encoder_batch))
 

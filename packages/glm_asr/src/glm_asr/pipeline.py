@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from tilekernels.runtime import CheckpointError, Engine, Request, check_length, freeze_heap, generate, \
-    load_tokenizer, warm_up
+    load_tokenizer, using, warm_up
 from tilekernels.runtime.profile import stage
 
 from .audio import SAMPLE_RATE, Audio
@@ -327,7 +327,7 @@ class Transcriber:
         """Encode a group of windows and queue each as a request of the engine."""
         m, xp = self.model, self.model.xp
         n_mels = m.config.encoder.num_mel_bins
-        with self.engine.stream:        # ordered before the engine's prefill reads the embeddings
+        with self.engine.stream, using(self.engine.precision):     # ordered before the prefill reads them
             emb = m.encode(featurize([w for _, _, w in group], n_mels, xp))
             eos = frozenset() if ignore_eos else frozenset(m.eos_ids)
             for j, (index, n, w) in enumerate(group):

@@ -16,8 +16,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from tilekernels.runtime import (MAX_BATCH, CheckpointError, Completion, Engine, Sampling, generate, load_tokenizer,
-                                 pick_device, resolve, set_precision, text_pieces)
+                                 pick_device, resolve, text_pieces, using)
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
+from tilekernels.runtime.precision import precision as current_precision
 
 from .model import GPT
 
@@ -45,19 +46,22 @@ def load(model: str = "shakespeare", device: str = "auto", revision: str | None 
     """A GPT-2-architecture model and its tokenizer: a bundled name ('shakespeare'), a hub id
     ('gpt2', 'gpt2-medium', ...; through the HF cache) or a local checkpoint directory, on
     device 'auto' (the GPU when one works), 'gpu' or 'cpu'. precision (GPU): 'bf16', 'tf32' or
-    'fp32' (tilekernels.runtime.precision; the process's setting, as torch's)."""
+    'fp32' (tilekernels.runtime.precision), the model's own: whatever else the process loads or
+    sets, its products run at it."""
     with _one_line():
-        set_precision(precision)
         directory = BUNDLED[model] if model in BUNDLED else resolve(str(model), revision)
-        return LanguageModel(GPT.load(directory, pick_device(device)), load_tokenizer(directory))
+        with using(precision):
+            gpt = GPT.load(directory, pick_device(device))
+        return LanguageModel(gpt, load_tokenizer(directory), precision)
 
 
 class LanguageModel:
     """A loaded model: generate, stream and logits (on one continuous-batching engine, whose KV
     cache and CUDA graphs are kept between calls of the same max_batch)."""
 
-    def __init__(self, model: GPT, tokenizer):
+    def __init__(self, model: GPT, tokenizer, precision: str | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.precision = precision or current_precision()       # what its products run at
         self.device = "cpu" if model.xp is np else "gpu"
         self._engine: Engine | None = None
 
@@ -65,7 +69,7 @@ class LanguageModel:
         """The engine decoding up to max_batch rows at once (a new one for another max_batch)."""
         if self._engine is None or self._engine.max_batch != max_batch:
             self._engine = None         # its cache goes before the next is allocated
-            self._engine = Engine(self.model, max_batch)
+            self._engine = Engine(self.model, max_batch, precision=self.precision)
         return self._engine
 
     def encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
@@ -114,7 +118,8 @@ class LanguageModel:
                 raise ValueError(f"{ids.shape[1]} tokens exceed the model's {self.model.max_positions} positions")
             cache = self.model.new_cache(ids.shape[0], ids.shape[1])
             positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-            return self.model.forward(xp.asarray(ids), xp.asarray(positions), cache, last_only=False)
+            with using(self.precision):
+                return self.model.forward(xp.asarray(ids), xp.asarray(positions), cache, last_only=False)
 
     def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples):
         if isinstance(prompts, str):

@@ -17,6 +17,7 @@ bf16 autocast rounds them all).
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import cuda.tile as ct
 import numpy as np
@@ -26,37 +27,44 @@ from .weights import bf16, f32
 _PRECISIONS = ("high", "highest", "medium")
 TF32, TF32X3, BF16 = 0, 1, 2          # the kernels' MMA compile-time mode
 DECODE_ROWS = 128                      # the largest decode batch bucket (runtime.runner.BUCKETS)
-_state = {"precision": "high"}
+_state = {"precision": "high"}      # the process's setting
+_local = threading.local()          # a thread's, inside matmul_precision blocks
+
+
+def _checked(precision: str) -> str:
+    if precision not in _PRECISIONS:
+        raise ValueError(f"matmul precision: expected one of {_PRECISIONS}, got {precision!r}")
+    return precision
 
 
 def set_matmul_precision(precision: str) -> None:
     """'high' (TF32, the default), 'highest' (3xTF32, fp32-accurate) or 'medium' (bfloat16 inputs
-    for large products of bfloat16 weights), like torch's setting."""
-    if precision not in _PRECISIONS:
-        raise ValueError(f"matmul precision: expected one of {_PRECISIONS}, got {precision!r}")
-    _state["precision"] = precision
+    for large products of bfloat16 weights), like torch's setting: the process's, for every
+    thread outside a matmul_precision block."""
+    _state["precision"] = _checked(precision)
 
 
 def get_matmul_precision() -> str:
-    return _state["precision"]
+    """The precision kernels launched from this thread now take."""
+    return getattr(_local, "precision", None) or _state["precision"]
 
 
 @contextlib.contextmanager
 def matmul_precision(precision: str):
-    """set_matmul_precision(precision) for the kernels launched inside the block (the setting is
-    the process's: launch nothing from other threads meanwhile)."""
-    before = get_matmul_precision()
-    set_matmul_precision(precision)
+    """`precision` for the kernels this thread launches inside the block, whatever other threads
+    or the process's setting say: how a model keeps the precision it was loaded with."""
+    before = getattr(_local, "precision", None)
+    _local.precision = _checked(precision)
     try:
         yield
     finally:
-        set_matmul_precision(before)
+        _local.precision = before
 
 
 def mma_mode(weight_dtype=None) -> int:
     """The kernels' MMA mode for a product by a weight of weight_dtype (None: attention): BF16
     only at 'medium', for a bfloat16 weight."""
-    p = _state["precision"]
+    p = get_matmul_precision()
     if p == "highest":
         return TF32X3
     if p == "medium" and weight_dtype is not None and np.dtype(weight_dtype).itemsize == 2:

@@ -14,7 +14,7 @@ from .engine import MAX_BATCH, Engine, Event, check_length
 from .generation import generate, requests, text_pieces, warm_up
 from .graphs import DecodeGraph, ShapeGraphs, graphed
 from .kvcache import KVCache
-from .precision import PRECISIONS, precision, set_precision
+from .precision import PRECISIONS, precision, set_precision, using
 from .protocol import DecoderModel
 from .runner import ModelRunner
 from .sampling import GREEDY, Sampler, Sampling
@@ -26,4 +26,4 @@ __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion",
            "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate",
            "gpu_problem", "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer",
            "move_weights", "pick_device", "precision", "read_config", "requests", "resolve", "set_precision", "take",
-           "text_pieces", "warm_up"]
+           "text_pieces", "using", "warm_up"]

@@ -8,22 +8,20 @@ graphs, the first queued before the host has the prompts' first tokens (no gap o
 step then folds one replay's tokens into the requests (sequence.py: eos, stop strings, length)
 while the GPU already runs the next replay, so the host's share of a step
 (tokens to text, stop strings) costs no GPU time. A flow ends when its rows are done, or when
-waiting requests can take free slots and either they are at least an eighth of the running rows
-or a slot has been free for ADMIT_WAIT_S: the replay already queued is folded in, and the same
-step admits and starts the next flow. Each end costs a prefill and a restarted flow, while a
-few idle rows of a wide batch cost almost nothing (a decode step reads the same weights for 56
-rows as for 64), so arrivals one at a time are taken in groups.
+the scheduler says waiting requests are due (Scheduler.admission_due): the flow is stopped, the
+replay already queued is folded in, and the same step admits and starts the next flow.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
-import numpy as np
 
-from . import precision
 from .device import device_stream
+from .graphs import Pipelined
+from .precision import kv_dtype as kv_dtype_of
+from .precision import precision as current_precision
+from .precision import using
 from .protocol import DecoderModel
 from .runner import BUCKETS, ModelRunner
 from .sampling import Sampling
@@ -34,7 +32,6 @@ MAX_BATCH = 32          # rows decoded together unless the caller says otherwise
 CAPACITY = 2048         # positions a slot (slots.py) at most, unless asked: 15 GB for GLM-ASR's
                         # decoder at max_batch 64 (float32 keys and values)
 PREFILL_TOKENS = 16384  # padded prompt tokens a step may prefill
-ADMIT_WAIT_S = 0.02     # the longest a flow keeps a free slot from a waiting request
 
 
 @dataclass
@@ -59,25 +56,25 @@ class Engine:
     requests decoding at once; capacity: the KV cache's positions a slot, at most the model's
     (memory: max_batch x capacity x the model's keys and values a position); kv_dtype: the
     cache's, float32 or bfloat16 (half the bytes a decode step reads); None: the precision's
-    (precision.kv_dtype)."""
+    (precision.kv_dtype). precision: what every step runs at (bf16, tf32, fp32; None: the
+    current one), the model's whatever else the process loads."""
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
-                 prefill_tokens: int = PREFILL_TOKENS, kv_dtype=None):
+                 prefill_tokens: int = PREFILL_TOKENS, kv_dtype=None, precision: str | None = None):
         if not 1 <= max_batch <= BUCKETS[-1]:     # past the last bucket a step's products would change kernel
             raise ValueError(f"max_batch must be 1 to {BUCKETS[-1]}, got {max_batch}")
         self.model, self.max_batch = model, max_batch
         self.capacity = min(capacity or CAPACITY, model.max_positions)
-        kv_dtype = precision.kv_dtype(model.xp) if kv_dtype is None else kv_dtype
+        self.precision = precision or current_precision()
         self.stream = device_stream(model.xp)      # all of the engine's GPU work, in order
-        with self.stream:
+        with self.stream, using(self.precision):
+            kv_dtype = kv_dtype_of(model.xp) if kv_dtype is None else kv_dtype
             self.runner = ModelRunner(model, max_batch, self.capacity, kv_dtype)
         self.scheduler = Scheduler(self.runner.slots, max_batch, prefill_tokens)
         self.last: dict[int, int] = {}      # slot -> its last token (the next step's input)
-        self.flow: Iterator[np.ndarray] | None = None     # the decode under way (runner.decode)
+        self.flow: Pipelined | None = None  # the decode under way (runner.decode)
         self.flow_rows: dict = {}           # slot -> request, the rows it decodes
         self.flow_left = 0                  # steps it has still to hand out
-        self.flow_on = False                # whether it may queue further replays
-        self.held_since: float | None = None  # when the flow first kept a free slot from a waiting request
 
     def add(self, *requests: Request) -> None:
         """Queue requests, all or none: one that can never run raises ValueError here, before any
@@ -142,12 +139,12 @@ class Engine:
         prefill what fits and start a flow for the running rows."""
         events: list[Event] = []
         s = self.scheduler
-        with self.stream:
+        with self.stream, using(self.precision):
             if self.flow is not None:
                 if not any(self._runs(slot, r) for slot, r in self.flow_rows.items()):
                     self._end_flow()        # its rows have all left (finished or cancelled)
-                elif self._admit_now():
-                    self.flow_on = False    # the replay already queued is its last
+                elif s.admission_due():
+                    self.flow.stop()        # the replay already queued is its last
                     events += self._fold()
             if self.flow is None:
                 admitted = s.admit()
@@ -161,24 +158,10 @@ class Engine:
                 events += self._fold()
         return events
 
-    def _admit_now(self) -> bool:
-        """Whether the flow should end for the waiting requests: some can take a free slot, and
-        they are at least an eighth of the running rows or a slot has waited ADMIT_WAIT_S."""
-        s = self.scheduler
-        joinable = min(len(s.waiting), self.max_batch - len(s.running))
-        if joinable <= 0:
-            return False
-        if joinable >= max(1, len(s.running) // 8):
-            return True
-        now = time.monotonic()
-        if self.held_since is None:
-            self.held_since = now
-        return now - self.held_since >= ADMIT_WAIT_S
-
     def _fold(self) -> list[Event]:
         """The flow's next replay of tokens into its requests still running (the GPU runs the
         replay after it meanwhile, if one is queued); the flow ends with its last replay."""
-        final = not self.flow_on        # asked for no further replay: none is queued after this one
+        final = self.flow.stopped       # asked for no further replay: none is queued after this one
         chunk = next(self.flow)
         self.flow_left -= len(chunk)
         live = [(slot, r) for slot, r in self.flow_rows.items() if self._runs(slot, r)]
@@ -195,23 +178,21 @@ class Engine:
     def _start_flow(self, admitted: list[Request], first) -> None:
         """Decode the running rows as far as the furthest one needs (a row past its end computes
         steps that are ignored), within every row's slot; rows just admitted start from `first`
-        (runner.FirstTokens) on the device. Waiting requests end it by the rule of _admit_now, not
-        at the first row to finish: a flow cut at each end admits one request at a time, which
-        made continuous batching slower than static batches (docs/performance.md)."""
+        (runner.FirstTokens) on the device. Waiting requests end it when the scheduler says they are
+        due, not at the first row to finish: a flow cut at each end admits one request at a time,
+        which made continuous batching slower than static batches (docs/performance.md)."""
         running = self.scheduler.running
         new = {id(r) for r in admitted}
         room = min(self.capacity - int(self.runner.slots.length[s]) for s in running)
         steps = min(max(r.remaining - (id(r) in new) for r in running.values()), room)
         if steps <= 0:          # every row ends with its first token
             return
-        self.flow_rows, self.flow_left, self.flow_on, self.held_since = dict(running), steps, True, None
-        self.flow = self.runner.decode(running, dict(self.last), steps, lambda: self.flow_on,
+        self.flow_rows, self.flow_left = dict(running), steps
+        self.flow = self.runner.decode(running, dict(self.last), steps,
                                        ([r.slot for r in admitted], first) if admitted else None)
 
     def _end_flow(self) -> None:
         """Drop the flow (a replay it queued may still run: the next one's start waits for it)."""
-        if self.flow is not None:
-            self.flow.close()
         self.flow, self.flow_rows, self.flow_left = None, {}, 0
 
     def _push(self, r: Request, token: int) -> Event:

@@ -163,15 +163,14 @@ class DecodeGraph:
         self.queued = stream.record()
         return self.queued
 
-    def chunks(self, ids, positions: np.ndarray, steps: int,
-               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+    def chunks(self, ids, positions: np.ndarray, steps: int) -> Pipelined:
         """The tokens the sampler picks in `steps` steps from ids (B,; host or device) at
         positions (host), a replay at a time: (n, B) arrays, as chunk_sizes cuts them.
 
         The first replay is queued now, each further one before the host waits for the one
-        before it. go_on() is asked before each further replay is queued: once it says False,
-        the replay already queued is still handed out and then the iteration ends. Stopping it
-        otherwise leaves at most one replay's steps extra in the cache, never more than `steps`.
+        before it. Once stopped (Pipelined.stop), the replay already queued is still handed out
+        and then the iteration ends. Dropping it otherwise leaves at most one replay's steps extra
+        in the cache, never more than `steps`.
         """
         if self.queued is not None:     # a replay an earlier call left running: its pinned buffers
             self.queued.synchronize()   # (the stream's other work, a prefill, need not be done)
@@ -188,7 +187,7 @@ class DecodeGraph:
             replay, ready = launched
             ready.synchronize()
             return replay.tokens.copy()
-        return pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect, go_on)
+        return Pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect)
 
     def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """chunks' tokens a step at a time: (B,) arrays."""
@@ -207,19 +206,28 @@ def chunk_sizes(steps: int) -> list[int]:
     return lead + [CHAIN] * (rest // CHAIN) + [1] * (rest % CHAIN)
 
 
-def pipelined(launches: list[Callable], collect: Callable, go_on: Callable[[], bool] | None = None) -> Iterator:
-    """collect(launch()) for each launch in order: the first launched now, each next one
-    before this one is collected (so the device works while the caller handles a result);
-    once go_on() says False no further one is launched, and the one already launched is still
-    collected."""
-    def results(pending) -> Iterator:
-        for j in range(len(launches)):
-            nxt = launches[j + 1]() if j + 1 < len(launches) and (go_on is None or go_on()) else None
-            yield collect(pending)
-            if nxt is None:
-                return
-            pending = nxt
-    return results(launches[0]()) if launches else iter(())
+class Pipelined:
+    """collect(launch()) for each launch in order, as an iterator: the first launched now, each
+    next one before this one is collected (so the device works while the caller handles a
+    result). stop(): no further one is launched; the one already launched is still handed out."""
+
+    def __init__(self, launches: list[Callable], collect: Callable):
+        self.launches, self.collect, self.stopped = launches, collect, False
+        self.pending, self.next_index = (launches[0](), 1) if launches else (None, 0)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def __iter__(self) -> "Pipelined":
+        return self
+
+    def __next__(self):
+        if self.pending is None:
+            raise StopIteration
+        j = self.next_index
+        nxt = self.launches[j]() if j < len(self.launches) and not self.stopped else None
+        done, self.pending, self.next_index = self.pending, nxt, j + 1
+        return self.collect(done)
 
 
 class ShapeGraphs:

@@ -12,6 +12,9 @@
 - tf32: every product on TF32 tensor cores ('high'), float32 matrices.
 - fp32: float32-accurate products (3xTF32, 'highest').
 
+A loaded model keeps its precision: load(precision=...) prepares its weights at it, and its engine
+runs every step at it (using), whatever the process's setting or another model's.
+
 On the GPU the KV cache follows: bfloat16 keys and values at bf16 (half the bytes a decode step
 reads), float32 otherwise; the CPU's is always float32, and the CPU computes in float32 at any
 precision. Engine(kv_dtype=...) overrides it.
@@ -27,11 +30,21 @@ PRECISIONS = {"bf16": "medium", "tf32": "high", "fp32": "highest"}
 DEFAULT = "bf16"
 
 
-def set_precision(name: str) -> None:
-    """Run the tilekernels products at `name` (bf16, tf32 or fp32) from now on."""
+def _mode(name: str) -> str:
     if name not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
-    tk.set_matmul_precision(PRECISIONS[name])
+    return PRECISIONS[name]
+
+
+def set_precision(name: str) -> None:
+    """Run the tilekernels products at `name` (bf16, tf32 or fp32) from now on: the process's
+    setting, for whatever runs outside a `using` block."""
+    tk.set_matmul_precision(_mode(name))
+
+
+def using(name: str):
+    """A block whose kernels (launched from this thread) run at `name`."""
+    return tk.matmul_precision(_mode(name))
 
 
 def precision() -> str:

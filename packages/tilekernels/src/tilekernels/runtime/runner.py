@@ -7,11 +7,11 @@ beyond the running ones are computed and ignored). On the CPU the same steps sim
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
-from .graphs import DecodeGraph, ShapeGraphs, chunk_sizes, pipelined, step_input
+from .graphs import DecodeGraph, Pipelined, ShapeGraphs, chunk_sizes, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
 from .sampling import Mode, Sampler
@@ -29,8 +29,7 @@ class PlainDecoder:
     def __init__(self, embed: tuple, step: Callable, cache: KVCache, sampler: Sampler):
         (self.table, self.pos_table), self.step, self.cache, self.sampler = embed, step, cache, sampler
 
-    def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int,
-               go_on: Callable[[], bool] | None = None) -> Iterator[np.ndarray]:
+    def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Pipelined:
         at = {"ids": np.asarray(ids).reshape(-1, 1), "pos": np.asarray(positions).reshape(-1, 1)}
 
         def run(n: int) -> np.ndarray:
@@ -42,7 +41,7 @@ class PlainDecoder:
                 out.append(self.sampler.pick(logits))
                 at["ids"], at["pos"] = out[-1].reshape(-1, 1), at["pos"] + 1
             return np.array(out)
-        return pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out, go_on)
+        return Pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out)
 
 
 def bucket(rows: int) -> int:
@@ -157,11 +156,11 @@ class ModelRunner:
         return self.decoders[key]
 
     def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int,
-               go_on: Callable[[], bool] | None = None, new: tuple | None = None) -> Iterator[np.ndarray]:
+               new: tuple | None = None) -> Pipelined:
         """Up to `steps` tokens of the running slots from their last tokens (ids by slot; new:
         (slots, FirstTokens) of rows just prefilled), a replay at a time: (n, rows) arrays, the
-        first queued now (DecodeGraph.chunks: go_on). The caller advances the lengths of the
-        slots still running by each chunk's steps (Engine)."""
+        first queued now, until the iterator is stopped (DecodeGraph.chunks). The caller
+        advances the lengths of the slots still running by each chunk's steps (Engine)."""
         slots, xp = self.slots, self.xp
         rows = min(bucket(max(requests) + 1), slots.rows)
         dec = self._decoder(rows, self.sampler.mode_of(range(rows)))
@@ -173,7 +172,7 @@ class ModelRunner:
         if new is not None:
             first = xp.asarray(first)
             first[xp.asarray(np.asarray(new[0], np.int64))] = new[1].device
-        return (chunk.reshape(len(chunk), rows) for chunk in dec.chunks(first, positions, steps, go_on))
+        return dec.chunks(first, positions, steps)
 
 
 class FirstTokens:
