@@ -1,8 +1,8 @@
 """From audio files to timed text segments, all files through one pipeline:
 
-- a CPU stage: READERS threads read, decode, resample and (with VAD) segment up to LOOKAHEAD
-  files ahead, a block at a time, handing on the windows' samples (memory is bounded by the
-  queue, not by file length or count); with the model on the GPU their VAD runs there, the
+- reading.py, on the CPU: reader threads read, decode, resample and (with VAD) segment up to
+  LOOKAHEAD files ahead, a block at a time, handing on the windows' samples (memory is bounded by
+  the queue, not by file length or count); with the model on the GPU their VAD runs there, the
   pending files' together, between the engine's steps (on the CPU: worker processes);
 - on the GPU: features, the encoder encoder_batch windows at a time, and every window one
   greedy request of the runtime's continuous-batching engine, so windows of different files
@@ -11,10 +11,6 @@
 """
 from __future__ import annotations
 
-import queue
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -25,15 +21,13 @@ from tilekernels.runtime import CheckpointError, Engine, Request, check_length, 
     load_tokenizer, using, warm_up
 from tilekernels.runtime.profile import stage
 
-from .audio import SAMPLE_RATE, Audio
-from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, log_mel, stream_windows, valid_frames
+from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
 from .model import GlmAsr
-from .vad import VadOptions, device_probs, pooled_probs, segment_audio, segments_from_probs, start_workers, stream_probs
+from .reading import Readers, VadJob, speech_windows  # noqa: F401 - speech_windows: the pipeline's, for callers
+from .vad import VadOptions, device_probs, start_workers
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
-READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
-                           # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
 LOOKAHEAD = 8              # files opened ahead of the oldest unfinished one (at least twice max_batch)
 QUEUE = 64                 # windows read ahead (their samples: 1.9 MB each at most)
 WINDOW_PROMPT = 512        # tokens a full window's prompt takes at most (375 audio + instruction)
@@ -71,11 +65,41 @@ class _File:
         return self.error is not None or (self.total is not None and len(self.texts) == self.total)
 
 
-@dataclass
-class _VadJob:
-    """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU."""
-    samples: np.ndarray
-    future: Future = field(default_factory=Future)
+class _InFlight:
+    """The files in flight, in input order: a file handed back leaves its place (None); `done`
+    is the oldest not yet handed back."""
+
+    def __init__(self):
+        self.files: list[_File | None] = []
+        self.done = 0
+
+    def add(self, name: str, show: bool) -> int:
+        self.files.append(_File(name, show=show))
+        return len(self.files) - 1
+
+    def live(self, index: int) -> bool:
+        """Whether a file still takes windows (not handed back, dropped or failed)."""
+        f = self.files[index]
+        return f is not None and f.error is None
+
+    def all_read(self) -> bool:
+        """Whether every file in flight has been read to its end (or failed)."""
+        return all(f is None or f.total is not None or f.error is not None for f in self.files[self.done:])
+
+    def finished(self, in_order: bool, segments: Callable) -> Iterator[tuple]:
+        """(name, segments or the error, seconds) of each file done: in input order, or, in_order
+        False, each as soon as it is done."""
+        files = self.files
+        for i in range(self.done, len(files) if not in_order else self.done):
+            f = files[i]
+            if f is not None and f.complete:
+                files[i] = None
+                yield f.name, f.error if f.error is not None else segments(f), f.seconds
+        while self.done < len(files) and (files[self.done] is None or files[self.done].complete):
+            f, files[self.done] = files[self.done], None
+            self.done += 1
+            if f is not None:
+                yield f.name, f.error if f.error is not None else segments(f), f.seconds
 
 
 class Transcriber:
@@ -111,7 +135,7 @@ class Transcriber:
         the VAD's kernels."""
         warm_up(self.engine)
         if self.model.xp is not np:
-            self._vad([_VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
+            self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
         window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)], self.model.config.encoder.num_mel_bins,
                                      None))
         for n in range(1, self.encoder_batch + 1):
@@ -149,156 +173,112 @@ class Transcriber:
         if vad is not None and not gpu_vad:
             start_workers()
         freeze_heap()       # the model and the kernels compiled so far: out of the collector's full passes
-        files: list[_File] = []
-        vad_jobs: list[_VadJob] = []
-        windows: queue.Queue = queue.Queue(max(QUEUE, 2 * self.engine.max_batch))
-        sources = iter(sources)
-        n_mels = self.model.config.encoder.num_mel_bins
-        stop = threading.Event()
-
-        def wanted(index: int) -> bool:
-            """Whether the loop still takes what a reader puts: not stopped, its file not dropped."""
-            return not stop.is_set() and (index < 0 or files[index] is not None and files[index].error is None)
-
-        def put(item) -> bool:
-            while wanted(item[0]):
-                try:
-                    windows.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    pass
-            return False
-
-        def loop_probs(samples: np.ndarray) -> np.ndarray:
-            """A reader's VAD, run by the loop below (on the GPU, with other files' VAD)."""
-            job = _VadJob(samples)
-            if not put((-1, -1, job)):
-                raise RuntimeError("stopped")
-            while True:
-                try:
-                    return job.future.result(timeout=0.1)
-                except FutureTimeout:
-                    if stop.is_set():
-                        raise RuntimeError("stopped") from None
-
-        def read(index: int, opener: Callable) -> None:
-            audio = None
-            try:
-                audio = opener()
-                if vad is not None:
-                    wins = speech_windows(audio, vad, n_mels, None, loop_probs if gpu_vad else pooled_probs)
-                else:
-                    blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
-                    wins = stream_windows(blocks, n_mels, None, offset)
-                n, end = 0, 0.0
-                for w in wins:
-                    if not put((index, n, w)):
-                        return
-                    n, end = n + 1, w.end_s
-                seconds = len(audio) / SAMPLE_RATE if isinstance(audio, np.ndarray) else audio.seconds
-                put((index, n, seconds or end))
-            except Exception as e:      # noqa: BLE001 - handed to the caller as this file's result
-                put((index, -1, e))
-            finally:
-                if isinstance(audio, Audio):
-                    audio.close()       # now, not at the next garbage collection (a server's upload)
-
-        pool = ThreadPoolExecutor(READERS, thread_name_prefix="glm_asr-read")
-        done_before, group, exhausted = 0, [], False
+        e, flight, sources = self.engine, _InFlight(), iter(sources)
+        readers = Readers(vad, gpu_vad, self.model.config.encoder.num_mel_bins, max(QUEUE, 2 * e.max_batch),
+                          flight.live)
+        group: list = []
+        exhausted = False
         try:
             while True:
-                while not exhausted and len(files) - done_before < max(LOOKAHEAD, 2 * self.engine.max_batch):
-                    item = next(sources, _END)
-                    if item is _END:
-                        exhausted = True
-                    elif item is None:          # a live source with nothing new yet
-                        break
-                    else:
-                        files.append(_File(item[0], show=item[2:3] == (True,)))
-                        pool.submit(read, len(files) - 1, item[1])
-                if exhausted and done_before == len(files):
+                exhausted = exhausted or self._open(sources, flight, readers)
+                if exhausted and flight.done == len(flight.files):
                     break
                 # take what the readers have while the engine has room for it, waiting for them only
                 # when nothing else can move; encode a group once it is full, or when no more is at hand
                 # and the GPU has run the encoder passes queued so far (so too for stepping the engine
                 # before its batch is full): a prefill queued sooner would wait behind them anyway, and
                 # the windows read meanwhile join the same group, prefill and flow
-                e = self.engine
-                room = e.free
-                encoding = self._encoding()
+                room, encoding = e.free, self._encoding()
+                full = min(self.encoder_batch, max(room, 1))
                 wait = 0.1 if not e.busy and not group and not encoding else POLL_S if encoding else 0.0
-                while len(group) < min(self.encoder_batch, max(room, 1)):
-                    try:
-                        index, n, w = windows.get(block=wait > 0, timeout=wait or None)
-                    except queue.Empty:
-                        break
-                    wait = 0.0
-                    if isinstance(w, _VadJob):
-                        vad_jobs.append(w)
-                    elif files[index] is None or files[index].error is not None:
-                        pass                    # a file dropped while its reader was under way
-                    elif isinstance(w, Window):
-                        group.append((index, n, w))
-                    elif isinstance(w, Exception):
-                        files[index].error = w
-                    else:
-                        files[index].total, files[index].seconds = n, w
-                if vad_jobs:
+                jobs = self._gather(readers, flight, group, full, wait)
+                if jobs:
                     with stage("vad"):
-                        self._vad(vad_jobs)
-                    vad_jobs = []
+                        self._vad(jobs)
                 # once every input is read no window can join a group or the batch any more: then the
                 # prefill queues behind the encoder pass at once (a short clip's answer comes sooner)
-                read_all = exhausted and all(f is None or f.total is not None or f.error is not None
-                                             for f in files[done_before:])
-                ready = windows.empty() and (read_all or not self._encoding())
-                if group and (len(group) >= min(self.encoder_batch, max(room, 1)) or ready):
-                    live = [g for g in group if files[g[0]] is not None and files[g[0]].error is None]
-                    if live:
-                        with stage("encode + prefill queued"):
-                            self._encode(live, files, instruction, max_new_tokens, ignore_eos)
+                read_all = exhausted and flight.all_read()
+                if group and (len(group) >= full or (readers.empty() and (read_all or not self._encoding()))):
+                    self._encode_group(group, flight, instruction, max_new_tokens, ignore_eos)
                     room -= len(group)
                     group = []
                 if dropped is not None:
-                    self._drop(files, done_before, dropped)
+                    self._drop(flight, dropped)
                 # decode once the batch is full or the readers have nothing more right now
-                if e.busy and (room <= 0 or (windows.empty() and (read_all or not self._encoding()))):
-                    with stage("engine steps"):
-                        events = e.step()
-                    for ev in events:
-                        index, n, w = ev.request.tag
-                        if ev.finished and files[index] is not None:
-                            files[index].texts[n] = ev.request.out.tokens
-                            if progress is not None:
-                                progress.update(w.end_s - w.start_s)
-                            if partial is not None and files[index].show:
-                                self._show(files[index], partial)
-                for i in range(done_before, len(files) if not in_order else done_before):
-                    f = files[i]
-                    if f is not None and f.complete:
-                        files[i] = None
-                        yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
-                while done_before < len(files) and (files[done_before] is None or files[done_before].complete):
-                    f = files[done_before]
-                    files[done_before] = None
-                    done_before += 1
-                    if f is not None:
-                        yield f.name, f.error if f.error is not None else self._segments(f), f.seconds
+                if e.busy and (room <= 0 or (readers.empty() and (read_all or not self._encoding()))):
+                    self._decode_step(flight, progress, partial)
+                yield from flight.finished(in_order, self._segments)
         finally:
-            stop.set()                          # readers give up within 0.1 s
-            pool.shutdown(wait=True, cancel_futures=True)
-            self.engine.cancel_where()          # a consumer that stopped early leaves nothing running
+            readers.close()             # readers give up within 0.1 s
+            e.cancel_where()            # a consumer that stopped early leaves nothing running
 
-    def _drop(self, files: list, start: int, dropped: Callable[[str], bool]) -> None:
+    def _open(self, sources: Iterator, flight: "_InFlight", readers: Readers) -> bool:
+        """Hand readers new sources while fewer than LOOKAHEAD (at least twice max_batch) files are
+        in flight; True once the sources are exhausted (a live one's None: nothing new yet)."""
+        while len(flight.files) - flight.done < max(LOOKAHEAD, 2 * self.engine.max_batch):
+            item = next(sources, _END)
+            if item is _END:
+                return True
+            if item is None:
+                return False
+            readers.submit(flight.add(item[0], show=item[2:3] == (True,)), item[1])
+        return False
+
+    @staticmethod
+    def _gather(readers: Readers, flight: "_InFlight", group: list, full: int, wait: float) -> list[VadJob]:
+        """Take the readers' items until `group` holds `full` windows or none is at hand (waiting
+        `wait` for the first): windows join the group, ends and errors go to their files; the
+        VAD jobs met are returned."""
+        jobs = []
+        while len(group) < full:
+            item = readers.get(wait)
+            if item is None:
+                break
+            wait = 0.0
+            index, n, w = item
+            if isinstance(w, VadJob):
+                jobs.append(w)
+            elif not flight.live(index):
+                pass                    # a file dropped or failed while its reader was under way
+            elif isinstance(w, Window):
+                group.append(item)
+            elif isinstance(w, Exception):
+                flight.files[index].error = w
+            else:
+                flight.files[index].total, flight.files[index].seconds = n, w
+        return jobs
+
+    def _encode_group(self, group: list, flight: "_InFlight", instruction: str, max_new_tokens: int,
+                      ignore_eos: bool) -> None:
+        live = [g for g in group if flight.live(g[0])]
+        if live:
+            with stage("encode + prefill queued"):
+                self._encode(live, flight.files, instruction, max_new_tokens, ignore_eos)
+
+    def _decode_step(self, flight: "_InFlight", progress, partial) -> None:
+        """One engine step; the windows it finished go to their files."""
+        with stage("engine steps"):
+            events = self.engine.step()
+        for ev in events:
+            index, n, w = ev.request.tag
+            f = flight.files[index]
+            if ev.finished and f is not None:
+                f.texts[n] = ev.request.out.tokens
+                if progress is not None:
+                    progress.update(w.end_s - w.start_s)
+                if partial is not None and f.show:
+                    self._show(f, partial)
+
+    def _drop(self, flight: "_InFlight", dropped: Callable[[str], bool]) -> None:
         """End the files in flight whose requester has gone: their windows leave the engine."""
-        gone = {i for i in range(start, len(files))
-                if files[i] is not None and files[i].error is None and dropped(files[i].name)}
+        files = flight.files
+        gone = {i for i in range(flight.done, len(files)) if flight.live(i) and dropped(files[i].name)}
         for i in gone:
             files[i].error = Dropped(f"{files[i].name}: dropped (its requester has gone)")
         if gone:
             self.engine.cancel_where(lambda r: r.tag[0] in gone)
 
-    def _vad(self, jobs: list[_VadJob]) -> None:
+    def _vad(self, jobs: list[VadJob]) -> None:
         """The speech probabilities of the readers' pending samples, all in one batch on a stream of
         their own (the engine's decode steps in flight go on meanwhile); a batch that fails is
         retried a job at a time, so that a bad input fails alone."""
@@ -353,20 +333,3 @@ class Transcriber:
             n = f.shown
             partial(f.name, self._segment(f, n, *spans[n]), f.prompts[n], len(f.texts[n]))
             f.shown += 1
-
-
-def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np,
-                   probs: Callable = pooled_probs) -> Iterator[Window]:
-    """A window for each segment of speech Silero VAD finds: its padded audio as the features
-    (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
-    file's time). Two passes over a file (the probabilities, then the segments' audio), each
-    holding a block at a time; probs(samples) computes the probabilities of a block."""
-    if isinstance(audio, np.ndarray):
-        first, again, offset = [audio], (lambda: [audio]), 0.0
-    else:
-        first, again, offset = audio, audio.reopen, audio.offset_s
-    p, n = stream_probs(first, probs)
-    for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
-        tokens = audio_tokens(valid_frames(len(x)))
-        if tokens >= 1:
-            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens)

@@ -117,7 +117,9 @@ class SharedPipeline(ThreadWorker):
                 self._done(job, Transcript(job.source[0], [Segment(**s) for s in result], seconds=seconds))
 
 
-def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
+def _server_settings(cfg: DictConfig) -> dict:
+    """The server's options, checked (ValueError naming the option); output_format as a
+    response_format."""
     o = {**server_options(cfg), **options(cfg, {
         "max_batch": Int, "max_upload_mb": Float, "max_new_tokens": Int, "prompt": Str, "device": Str,
         "audio_stream": OptInt, "vad": Str, "output_format": Str, "precision": Str})}
@@ -125,11 +127,62 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         raise ValueError(f"max_batch must be >= 1, got {o['max_batch']}")
     if not 0 < o["max_upload_mb"] < float("inf"):
         raise ValueError(f"max_upload_mb must be > 0, got {o['max_upload_mb']}")
-    default_format = {"txt": "text"}.get(o["output_format"], o["output_format"])
-    if default_format not in RESPONSE_FORMATS:
+    o["output_format"] = {"txt": "text"}.get(o["output_format"], o["output_format"])
+    if o["output_format"] not in RESPONSE_FORMATS:
         raise ValueError(f"output_format must be one of {', '.join(RESPONSE_FORMATS)}, got {o['output_format']!r}")
     o["vad_options"] = vad_options(cfg.get("vad_options"))
     vad_settings(o["vad"], o["vad_options"])
+    return o
+
+
+def _request_settings(form, model_id: str, default_format: str) -> tuple:
+    """(upload, text fields, response_format, stream) of a transcription request's form, each
+    field checked (APIError naming it)."""
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise APIError(400, "file is required (multipart field 'file')", "file")
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    check_model(fields.get("model"), model_id)
+    fmt = fields.get("response_format") or default_format
+    if fmt not in RESPONSE_FORMATS:
+        raise APIError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
+                       "response_format")
+    granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    if any(g != "segment" for g in granularities):
+        raise APIError(400, "only segment timestamps are supported (timestamp_granularities: segment); "
+                       "word timestamps are not", "timestamp_granularities", "unsupported_parameter")
+    stream = fields.get("stream", "false").lower()
+    if stream not in ("true", "false"):
+        raise APIError(400, f"stream must be true or false, got {fields['stream']!r}", "stream")
+    if stream == "true" and fmt not in ("json", "text"):
+        raise APIError(400, f"stream=true takes response_format json or text, got {fmt!r}", "response_format")
+    temperature = fields.get("temperature")
+    if temperature not in (None, ""):
+        try:
+            t = float(temperature)
+        except ValueError:
+            raise APIError(400, f"temperature must be a number, got {temperature!r}", "temperature") from None
+        if t != 0:
+            raise APIError(400, "only temperature 0 (greedy decoding) is supported", "temperature",
+                           "unsupported_parameter")
+    return upload, fields, fmt, stream == "true"
+
+
+async def _save_upload(upload, scratch: str) -> tuple[str, str]:
+    """(the upload's name, its path in scratch), its bytes written there a MiB at a time."""
+    name = upload.filename or "audio"
+    suffix = re.sub(r"[^A-Za-z0-9]", "", Path(name).suffix)[:10]
+    path = os.path.join(scratch, "upload" + (f".{suffix}" if suffix else ""))
+    with open(path, "wb") as f:
+        await upload.seek(0)
+        while chunk := await upload.read(1 << 20):
+            f.write(chunk)
+    return name, path
+
+
+def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
+    o = _server_settings(cfg)
+    default_format = o["output_format"]
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
     asr = asr or load(str(source), o["device"], max_batch=o["max_batch"], precision=o["precision"])
@@ -165,42 +218,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         except Exception as e:  # noqa: BLE001 - a malformed multipart body
             raise APIError(400, f"cannot read the form: {e}") from None
         try:
-            upload = form.get("file")
-            if upload is None or isinstance(upload, str):
-                raise APIError(400, "file is required (multipart field 'file')", "file")
-            fields = {k: v for k, v in form.items() if isinstance(v, str)}
-            check_model(fields.get("model"), model_id)
-            fmt = fields.get("response_format") or default_format
-            if fmt not in RESPONSE_FORMATS:
-                raise APIError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {fmt!r}",
-                               "response_format")
-            granularities = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
-            if any(g != "segment" for g in granularities):
-                raise APIError(400, "only segment timestamps are supported (timestamp_granularities: segment); "
-                               "word timestamps are not", "timestamp_granularities", "unsupported_parameter")
-            stream = fields.get("stream", "false").lower()
-            if stream not in ("true", "false"):
-                raise APIError(400, f"stream must be true or false, got {fields['stream']!r}", "stream")
-            stream = stream == "true"
-            if stream and fmt not in ("json", "text"):
-                raise APIError(400, f"stream=true takes response_format json or text, got {fmt!r}",
-                               "response_format")
-            temperature = fields.get("temperature")
-            if temperature not in (None, ""):
-                try:
-                    t = float(temperature)
-                except ValueError:
-                    raise APIError(400, f"temperature must be a number, got {temperature!r}", "temperature") from None
-                if t != 0:
-                    raise APIError(400, "only temperature 0 (greedy decoding) is supported", "temperature",
-                                   "unsupported_parameter")
-            name = upload.filename or "audio"
-            suffix = re.sub(r"[^A-Za-z0-9]", "", Path(name).suffix)[:10]
-            path = os.path.join(scratch, "upload" + (f".{suffix}" if suffix else ""))
-            with open(path, "wb") as f:
-                await upload.seek(0)
-                while chunk := await upload.read(1 << 20):
-                    f.write(chunk)
+            upload, fields, fmt, stream = _request_settings(form, model_id, default_format)
+            name, path = await _save_upload(upload, scratch)
         finally:
             await form.close()
         try:

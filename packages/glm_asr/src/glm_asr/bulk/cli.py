@@ -73,37 +73,43 @@ def _remove_stale_temporaries(out_dir: Path, names: set[str]) -> None:
                     os.unlink(e.path)
 
 
-def run(cfg, inputs: list[str] = ()) -> int:
-    from distributed import Client, KilledWorker
-
-    start = time.perf_counter()
-    o = check_options(cfg, list(inputs))
-    fmt, out_dir = o["output_format"], Path(o["output_dir"]).absolute()
+def _work_list(o: dict, out_dir: Path) -> tuple[list[str], list[str], list[Item]]:
+    """(the manifest's sources, their output names, the items still to do: those whose output
+    is not in out_dir yet, which is made if need be)."""
     sources = read_manifest(o["manifest"], o["glob"], o["extensions"])
     if not sources:
         what = "lists no files" if not Path(o["manifest"]).is_dir() else \
             f"has no files matching glob={o['glob']!r} with extension {', '.join(o['extensions'])}"
         raise ValueError(f"manifest {o['manifest']}: {what}")
     repeated = len(sources) - len({os.path.abspath(s) for s in sources})
-    names = output_names(sources, fmt)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    existing = set(os.listdir(out_dir))
-    tty = sys.stderr.isatty()
-    tally = Tally(start, files=len(sources))
-    todo = [Item(s, os.path.abspath(s), n) for s, n in zip(sources, names) if n not in existing]
-    tally.skipped = len(sources) - len(todo)
     if repeated:
         print(f"warning: {repeated} path{'s' * (repeated > 1)} appear more than once in the manifest; each is "
               f"transcribed again under its own name", file=sys.stderr)
+    names = output_names(sources, o["output_format"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = set(os.listdir(out_dir))
+    return sources, names, [Item(s, os.path.abspath(s), n) for s, n in zip(sources, names) if n not in existing]
+
+
+def run(cfg, inputs: list[str] = ()) -> int:
+    from distributed import Client, KilledWorker
+
+    start = time.perf_counter()
+    o = check_options(cfg, list(inputs))
+    out_dir = Path(o["output_dir"]).absolute()
+    sources, names, todo = _work_list(o, out_dir)
+    tty = sys.stderr.isatty()
+    tally = Tally(start, files=len(sources))
+    tally.skipped = len(sources) - len(todo)
     errors_path = out_dir / ERRORS
     if not todo:
         errors_path.unlink(missing_ok=True)
         print(tally.summary(out_dir), file=sys.stderr)
         return 0
-    job = {"model": o["model"], "output_dir": str(out_dir), "output_format": fmt, "prompt": o["prompt"],
-           "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"], "device": o["device"],
-           "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")), "max_batch": o["max_batch"],
-           "encoder_batch": o["encoder_batch"], "precision": o["precision"]}
+    job = {"model": o["model"], "output_dir": str(out_dir), "output_format": o["output_format"],
+           "prompt": o["prompt"], "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"],
+           "device": o["device"], "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")),
+           "max_batch": o["max_batch"], "encoder_batch": o["encoder_batch"], "precision": o["precision"]}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 

@@ -1,0 +1,127 @@
+"""The pipeline's first stages, on the CPU: files read, decoded, resampled and (with VAD) cut into
+speech segments, then into windows, by reader threads a block at a time, into one bounded queue
+toward the pipeline's loop (memory is bounded by the queue, not by file length or count).
+
+What a reader puts is (file index, window number, item): a Window; the file's end (item: its
+duration, number: its window count); an exception (the file failed); or, index -1, a VadJob whose
+speech probabilities the loop computes on the GPU with the other readers' (on the CPU the VAD runs
+in worker processes, vad.pooled_probs).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .audio import SAMPLE_RATE, Audio
+from .features import Window, audio_tokens, log_mel, stream_windows, valid_frames
+from .vad import VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
+
+READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
+                           # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
+
+
+@dataclass
+class VadJob:
+    """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU."""
+    samples: np.ndarray
+    future: Future = field(default_factory=Future)
+
+
+class Readers:
+    """READERS threads, each reading one file at a time into the queue. wanted(index): whether
+    the loop still takes what a file's reader puts (not dropped, not failed); once closed, every
+    reader gives up within 0.1 s."""
+
+    def __init__(self, vad: VadOptions | None, gpu_vad: bool, n_mels: int, size: int,
+                 wanted: Callable[[int], bool]):
+        self.vad, self.gpu_vad, self.n_mels, self._wanted = vad, gpu_vad, n_mels, wanted
+        self.queue: queue.Queue = queue.Queue(size)
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(READERS, thread_name_prefix="glm_asr-read")
+
+    def submit(self, index: int, opener: Callable) -> None:
+        self.pool.submit(self.read, index, opener)
+
+    def get(self, wait: float) -> tuple | None:
+        """The next item, waiting up to `wait` seconds for one (0: not at all); None if none."""
+        try:
+            return self.queue.get(block=wait > 0, timeout=wait or None)
+        except queue.Empty:
+            return None
+
+    def empty(self) -> bool:
+        return self.queue.empty()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def wanted(self, index: int) -> bool:
+        return not self.stop.is_set() and (index < 0 or self._wanted(index))
+
+    def put(self, item: tuple) -> bool:
+        while self.wanted(item[0]):
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def gpu_probs(self, samples: np.ndarray) -> np.ndarray:
+        """A reader's VAD, run by the loop (on the GPU, with other files' VAD)."""
+        job = VadJob(samples)
+        if not self.put((-1, -1, job)):
+            raise RuntimeError("stopped")
+        while True:
+            try:
+                return job.future.result(timeout=0.1)
+            except FutureTimeout:
+                if self.stop.is_set():
+                    raise RuntimeError("stopped") from None
+
+    def read(self, index: int, opener: Callable) -> None:
+        audio = None
+        try:
+            audio = opener()
+            if self.vad is not None:
+                wins = speech_windows(audio, self.vad, self.n_mels, None,
+                                      self.gpu_probs if self.gpu_vad else pooled_probs)
+            else:
+                blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
+                wins = stream_windows(blocks, self.n_mels, None, offset)
+            n, end = 0, 0.0
+            for w in wins:
+                if not self.put((index, n, w)):
+                    return
+                n, end = n + 1, w.end_s
+            seconds = len(audio) / SAMPLE_RATE if isinstance(audio, np.ndarray) else audio.seconds
+            self.put((index, n, seconds or end))
+        except Exception as e:      # noqa: BLE001 - handed to the caller as this file's result
+            self.put((index, -1, e))
+        finally:
+            if isinstance(audio, Audio):
+                audio.close()       # now, not at the next garbage collection (a server's upload)
+
+
+def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np,
+                   probs: Callable = pooled_probs) -> Iterator[Window]:
+    """A window for each segment of speech Silero VAD finds: its padded audio as the features
+    (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
+    file's time). Two passes over a file (the probabilities, then the segments' audio), each
+    holding a block at a time; probs(samples) computes the probabilities of a block."""
+    if isinstance(audio, np.ndarray):
+        first, again, offset = [audio], (lambda: [audio]), 0.0
+    else:
+        first, again, offset = audio, audio.reopen, audio.offset_s
+    p, n = stream_probs(first, probs)
+    for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
+        tokens = audio_tokens(valid_frames(len(x)))
+        if tokens >= 1:
+            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens)
