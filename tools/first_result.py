@@ -177,7 +177,7 @@ def record(model: str, work: Path) -> dict:
     """Run what `model` launches (every batch size, both decoders' samplers, the encoder's groups,
     the VAD, prompts of many lengths) and write its kernel manifest."""
     from tilekernels import cubins
-    from tilekernels.runtime import Sampling, kernel_manifest, warm_up
+    from tilekernels.runtime import Sampling, kernel_manifest, using, warm_up
 
     if model == "gpt":
         import gpt
@@ -189,7 +189,8 @@ def record(model: str, work: Path) -> dict:
             lm.generate([[464] * length] * n, max_new_tokens=8, seed=0)
         lm.logits([[464] * 33])
         c = lm.model.config
-        path = kernel_manifest(KERNELS, "gpu", c.n_embd, c.n_head, c.vocab_size)
+        with using(lm.precision):           # the manifest of the precision the model was loaded at
+            path = kernel_manifest(KERNELS, "gpu", c.n_embd, c.n_head, c.vocab_size)
     else:
         import glm_asr
         from glm_asr.api import PROMPT
@@ -201,7 +202,8 @@ def record(model: str, work: Path) -> dict:
             for vad in ("silero", "none"):
                 list(asr.transcribe_many(files, max_new_tokens=16, vad=vad))
         e, d = asr.transcriber.model.config.encoder, asr.transcriber.model.config.decoder
-        path = kernel_manifest(KERNELS, "gpu", e.hidden_size, d.hidden_size, d.vocab_size)
+        with using(asr.transcriber.engine.precision):
+            path = kernel_manifest(KERNELS, "gpu", e.hidden_size, d.hidden_size, d.vocab_size)
     lines = cubins.launched()
     path.parent.mkdir(exist_ok=True)
     path.write_text(f"# the kernels {model} launches ({path.stem}), written by tools/first_result.py --record\n"

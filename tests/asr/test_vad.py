@@ -355,6 +355,26 @@ def test_a_bad_input_fails_alone_in_the_worker_processes():
     np.testing.assert_allclose(vad.pooled_probs(x), speech_probs(x), rtol=1e-5, atol=1e-6)
 
 
+def test_gpu_vad_products_fall_in_one_shape_class():
+    """Whatever the number of blocks (files and their lengths), the GPU's rows are padded and its
+    chunks of steps sized so that every product of the VAD gets the same tile plan and shapes
+    divisible by 16: one set of kernels, built ahead, never a compile mid-run."""
+    from glm_asr.vad import model
+    from tilekernels.linear import linear_plan
+
+    w = model.weights()
+    products = [(4, w["stft"].shape)] + [(share, w[f"encoder.{k}.taps"].shape) for k, share in enumerate((4, 2, 1, 1))]
+    products += [(1, w["lstm.weight_ih"].shape), (1, w["head.row"].shape)]
+    plans = set()
+    for blocks in (1, 3, 16, 17, 100, 769, 1024, 1025, 5000):
+        rows = model._rows_class(blocks)
+        chunk = max(model.SHAPE_CLASS, model.DEVICE_FRAMES // rows)
+        assert rows >= blocks and rows % 16 == 0 and chunk % 16 == 0
+        for share, (n, k) in products:
+            plans.add((n, k, str(linear_plan(chunk * rows * share, n, k, sequence=True))))
+    assert len(plans) == len(products)
+
+
 # --- on the GPU ----------------------------------------------------------------------------
 
 @pytest.mark.gpu

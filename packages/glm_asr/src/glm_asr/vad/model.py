@@ -22,8 +22,7 @@ MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted
 BATCH = 32                  # blocks stepped together (rows of one LSTM step)
 DEVICE_FRAMES = 16384       # frames encoded at once on the GPU (~15 KB each of temporaries)
 CHUNK = 256                 # frames of each block encoded at once (fewer were slower)
-SHAPE_CLASS = 16            # GPU rows, steps and chunks padded to multiples: cuTile specializes a
-                            # kernel on its dims' divisibility by 16, so one build serves every file
+SHAPE_CLASS = 16            # cuTile specializes a kernel on its dims' divisibility by 16 (_rows_class)
 MODEL_PATH = Path(__file__).resolve().parents[1] / "data" / "silero_vad_16k.safetensors"  # tools/convert_silero.py
 
 
@@ -244,13 +243,14 @@ def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: f
     out = [np.zeros(0, np.float32) for _ in xs]
     if not live:
         return out
-    steps = _ceil(max(layouts[i][2] for i in live), SHAPE_CLASS)
+    n_rows = _rows_class(sum(len(layouts[i][0]) for i in live))
+    chunk = max(SHAPE_CLASS, DEVICE_FRAMES // n_rows)
+    steps = _ceil(max(layouts[i][2] for i in live), chunk)
     view, bases = _frame_view([xs[i] for i in live], steps)
     rows = [base + f for i, base in zip(live, bases) for f in layouts[i][0]]
-    padded = rows + [rows[-1]] * (-len(rows) % SHAPE_CLASS)         # repeats, whose columns go unread
-    chunk = max(SHAPE_CLASS, DEVICE_FRAMES // len(padded) // SHAPE_CLASS * SHAPE_CLASS)
+    rows += [rows[-1]] * (n_rows - len(rows))                   # repeats, whose columns go unread
     with matmul_precision("highest"):
-        p = _run_rows(view, padded, steps, chunk).get()
+        p = _run_rows(view, rows, steps, chunk).get()
     col = 0
     for i in live:
         starts, length, _ = layouts[i]
@@ -261,6 +261,16 @@ def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: f
 
 def _ceil(n: int, k: int) -> int:
     return -(-n // k) * k
+
+
+def _rows_class(n: int) -> int:
+    """The rows the GPU runs for n blocks: a power of two from SHAPE_CLASS up to DEVICE_FRAMES /
+    SHAPE_CLASS, multiples of that above. Chunks of DEVICE_FRAMES / rows steps (steps padded to
+    whole chunks) then give every product of the VAD the same rows, DEVICE_FRAMES times its
+    frames' share (or more, in multiples of 16 past it): the same kernels and tiles (linear_plan)
+    for any number and length of files, built once, never mid-run."""
+    top = DEVICE_FRAMES // SHAPE_CLASS
+    return _ceil(n, top) if n > top else max(SHAPE_CLASS, 1 << (n - 1).bit_length())
 
 
 def speech_segments(samples: np.ndarray, options: VadOptions | None = None, *,
