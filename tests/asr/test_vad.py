@@ -360,7 +360,7 @@ def test_gpu_vad_products_fall_in_one_shape_class():
     chunks of steps sized so that every product of the VAD gets the same tile plan and shapes
     divisible by 16: one set of kernels, built ahead, never a compile mid-run."""
     from glm_asr.vad import model
-    from tilekernels.linear import linear_plan
+    from tilekernels.tiling import linear_plan
 
     w = model.weights()
     products = [(4, w["stft"].shape)] + [(share, w[f"encoder.{k}.taps"].shape) for k, share in enumerate((4, 2, 1, 1))]

@@ -16,10 +16,10 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, decode_attn, embedding, linear, lstm, norm, qkv, rope, sampling, softmax = (
+act, argmax, attention, decode_attn, embedding, linear, lstm, norm, qkv, rope, sampling, softmax, tiling = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "decode", "embedding", "linear", "lstm", "norm", "qkv", "rope",
-              "sampling", "softmax"))
+    for m in ("activations", "argmax", "attention", "decode_attention", "embedding", "linear", "lstm", "norm", "qkv",
+              "rope", "sampling", "softmax", "tiling"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -70,14 +70,14 @@ def specializations():
             cases += [(2, 1, True, W32, 6144), (2, 64, True, W16, 2048), (2, 1, True, W16, 2048)]
         for precise, m, split, xt, n in cases:
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
-            tm, tn, tk = linear.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
-            tk = linear.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
+            tm, tn, tk = tiling.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
+            tk = tiling.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
             two = res and wt == W16     # a residual stream stored in float32 and in bfloat16 (and scaled)
-            xs_in = nrm == linear.RMS and scale and wt == W16 and m > linear.NARROW_ROWS    # GLM-ASR's, scaled ahead
+            xs_in = nrm == linear.RMS and scale and wt == W16 and m > tiling.NARROW_ROWS    # GLM-ASR's, scaled ahead
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
                         [arr(2, dtype=xt), w, w, arr(1), arr(1), arr(2), arr(2), arr(2, dtype=W16 if two else W32),
                          arr(2, dtype=W16), arr(3), arr(3), arr(3), iarr(1), F32, I32,
-                         tm, linear.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
+                         tm, tiling.skinny_block_n(m, tn, nrm != linear.NO_NORM), tk, bias, code, glu,
                          res, nrm, scale, precise, 4 if split else 1, two, xs_in, two]))
     for bias, code, glu, res, wt in ((True, 0, False, False, W32), (True, 0, False, True, W32),
                                      (True, act.GELU_ERF, False, False, W32), (True, act.GELU_TANH, False, False, W32),
@@ -85,7 +85,7 @@ def specializations():
                                      (False, act.SILU, True, False, W32), (True, 0, False, True, W16),
                                      (True, act.GELU_ERF, False, False, W16), (False, 0, False, True, W16),
                                      (False, act.SILU, True, False, W16)):
-        tiles = linear.GLU_LARGE_M if glu else linear.LARGE_M
+        tiles = tiling.GLU_LARGE_M if glu else tiling.LARGE_M
         w = arr(2, dtype=wt)
         for precise in (False, True):
             out.append((f"linear-{bias}-{code}-glu{glu}-res{res}-{wt}-p{precise}", linear.linear_kernel,
@@ -95,11 +95,11 @@ def specializations():
     for bias, code, glu, res, out_w in ((True, 0, False, False, W32), (True, act.GELU_ERF, False, False, W16),
                                         (True, 0, False, True, W32), (False, act.SILU, True, False, W16),
                                         (False, 0, False, True, W32)):
-        full = linear.BF16_GLU_LARGE_M if glu else linear.BF16_LARGE_M
+        full = tiling.BF16_GLU_LARGE_M if glu else tiling.BF16_LARGE_M
         w16 = arr(2, dtype=W16)
         out_arrays = [w16, w16, w16, arr(1), arr(2), arr(2, dtype=out_w), I32]
         narrow = () if glu else ((128, 64, full[2]),)              # short of a wave, N <= SEQ_NARROW_N
-        for tiles in (full, (linear.HALF_M, *full[1:]), *narrow):  # half rows: a wide prompt product
+        for tiles in (full, (tiling.HALF_M, *full[1:]), *narrow):  # half rows: a wide prompt product
             out.append((f"linear-bf16-{bias}-{code}-glu{glu}-res{res}-out{out_w}-m{tiles[0]}-n{tiles[1]}",
                         linear.linear_kernel_occupancy2, [*out_arrays, *tiles, bias, code, glu, res, False, 2]))
     for n in (1280, 2048):
@@ -109,15 +109,15 @@ def specializations():
         out.append((f"norm-{n}-bf16-in", norm.norm_kernel,       # a residual stream's bfloat16 copy
                     [arr(2, dtype=W16), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
     out.append(("linear-partial", linear.linear_kernel,
-                [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *linear.LARGE_M, False, 0, False, False, True, False]))
+                [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *tiling.LARGE_M, False, 0, False, False, True, False]))
     for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),
                             (True, act.GELU_ERF, False), (False, 0, True)):
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
-                    [arr(3), arr(1), arr(2), arr(2), linear.REDUCE_TILE, bias, code, res]))
+                    [arr(3), arr(1), arr(2), arr(2), tiling.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
     for code in (act.RELU, act.SIGMOID):      # Silero VAD's convs and head (3xTF32)
         out.append((f"linear-{code}-highest", linear.linear_kernel,
-                    [arr(2), arr(2), arr(2), arr(1), arr(2), arr(2), I32, *linear.LARGE_M, True, code, False, False,
+                    [arr(2), arr(2), arr(2), arr(1), arr(2), arr(2), I32, *tiling.LARGE_M, True, code, False, False,
                      False, 1]))
     for hid, mode in ((128, 1), (128, 0), (32, 1)):     # Silero VAD's (3xTF32), TF32, a small one
         out.append((f"lstm-{hid}-mode{mode}", lstm.lstm_kernel,
@@ -222,13 +222,13 @@ def test_skinny_splits_cut_k_the_same_way_at_every_batch(shape, itemsize):
     n, k, glu = DECODE_SHAPES[shape]
     plans = set()
     for m in (1, 2, 8, 16, 32, 64, 128):
-        _, tile_n, tile_k = linear.skinny_tiles(m, n, glu, itemsize)
-        per, splits = linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)
+        _, tile_n, tile_k = tiling.skinny_tiles(m, n, glu, itemsize)
+        per, splits = tiling.skinny_splits(n, k, tile_n, tile_k, glu, 132)
         span = per * tile_k                         # K a split covers
         assert (splits - 1) * span < k <= splits * span
-        assert span % linear.SKINNY_SPLIT_K == 0
+        assert span % tiling.SKINNY_SPLIT_K == 0
         if splits > 1:
-            assert span >= linear.MIN_SPLIT_UNITS * linear.SKINNY_SPLIT_K
+            assert span >= tiling.MIN_SPLIT_UNITS * tiling.SKINNY_SPLIT_K
             assert -(-n // tile_n) * (2 if glu else 1) * splits <= 132
         plans.add((span, splits))
     assert len(plans) == 1
@@ -239,8 +239,8 @@ def test_skinny_splits_of_the_models():
     unit, qkv and head take no split; GLM-ASR's o and down projections 4, gpt2's fc2 6."""
     def splits(name):
         n, k, glu = DECODE_SHAPES[name]
-        _, tile_n, tile_k = linear.skinny_tiles(1, n, glu, 2)
-        return linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)[1]
+        _, tile_n, tile_k = tiling.skinny_tiles(1, n, glu, 2)
+        return tiling.skinny_splits(n, k, tile_n, tile_k, glu, 132)[1]
 
     assert {name: splits(name) for name in DECODE_SHAPES} == {
         "glm qkv": 1, "glm o": 4, "glm gate/up": 1, "glm down": 4, "glm head": 1,
@@ -252,11 +252,11 @@ def test_narrow_blocks_only_where_no_norm_rides_along():
     and fc2) runs its 64-wide tiles as 32-wide blocks; normed products (whose row sums add in the
     mma's register order) and wide tiles keep theirs, and so does every larger bucket."""
     for m in (1, 2, 8, 16):
-        assert linear.skinny_block_n(m, linear.SKINNY_N, False) == linear.SKINNY_N // 2
-        assert linear.skinny_block_n(m, linear.SKINNY_N, True) == linear.SKINNY_N
-        assert linear.skinny_block_n(m, 2 * linear.SKINNY_N, False) == 2 * linear.SKINNY_N
+        assert tiling.skinny_block_n(m, tiling.SKINNY_N, False) == tiling.SKINNY_N // 2
+        assert tiling.skinny_block_n(m, tiling.SKINNY_N, True) == tiling.SKINNY_N
+        assert tiling.skinny_block_n(m, 2 * tiling.SKINNY_N, False) == 2 * tiling.SKINNY_N
     for m in (17, 32, 64, 128):
-        assert linear.skinny_block_n(m, linear.SKINNY_N, False) == linear.SKINNY_N
+        assert tiling.skinny_block_n(m, tiling.SKINNY_N, False) == tiling.SKINNY_N
 
 
 def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
@@ -266,9 +266,9 @@ def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
     weights and every larger bucket keep their chunks."""
     def block_k(name, m, itemsize=2, norm=False):
         n, k, glu = DECODE_SHAPES[name]
-        _, tile_n, tile_k = linear.skinny_tiles(m, n, glu, itemsize)
-        per, _ = linear.skinny_splits(n, k, tile_n, tile_k, glu, 132)
-        got = linear.skinny_block_k(m, k, tile_k, per, norm)
+        _, tile_n, tile_k = tiling.skinny_tiles(m, n, glu, itemsize)
+        per, _ = tiling.skinny_splits(n, k, tile_n, tile_k, glu, 132)
+        got = tiling.skinny_block_k(m, k, tile_k, per, norm)
         assert got[0] * got[1] == tile_k * per          # the same K a split
         return got[0]
 

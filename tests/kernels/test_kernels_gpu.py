@@ -9,7 +9,7 @@ from numerics import rel_err
 import tilekernels as tk
 from tilekernels._arrays import sm_count
 
-decode_attn = import_module("tilekernels.decode")      # the op shadows its module's name on the package
+decode_attn = import_module("tilekernels.decode_attention")      # the op shadows its module's name on the package
 
 pytestmark = pytest.mark.gpu
 FP32, TF32 = 1e-5, 1e-3

@@ -54,7 +54,7 @@ def log_mel(window, n_mels: int = 128, xp=np):
 
 def log_mels(windows: list, n_mels: int = 128, xp=np):
     """log_mel of several windows at once, (W, n_mels, 3000): one batched FFT and one product
-    with the filters (a GPU computes 8 windows in about the time of one)."""
+    with the filters (on a GPU several windows take about as long as one)."""
     if n_mels != 128:
         raise ValueError(f"only 128 mel bins are supported, the checkpoint asks for {n_mels}")
     if xp is not np and all(w.dtype == np.float32 for w in windows):

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.runtime import GREEDY, Completion, Sampling, check_length, from_model_config, requests, warm_up
-from tilekernels.runtime.sampling import check_seed
+from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
 
 from tilekernels.runtime.server import (APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics, check_model,

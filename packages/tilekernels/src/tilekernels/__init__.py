@@ -8,7 +8,7 @@ from .block import Block
 from .activations import gelu, silu, swiglu
 from .argmax import argmax
 from .attention import attention
-from .decode import decode_attention
+from .decode_attention import decode_attention
 from .conv1d import conv1d
 from .embedding import embedding
 from .linear import linear

@@ -1,10 +1,9 @@
 """Tile helpers for sums across a block.
 
 Each ct.sum over a tile spread across a block is a round of shuffles and barriers of its own;
-ct.reduce over a tuple of tiles does all of them in one round (the LN-fused batch-1 GEMV, since
-replaced by the skinny kernel, went from 14 barriers to 5 in its SASS). A float32 sum adds in
-its register layout's order, which the compiler picks from how a tile is used; pairwise_row_sums
-gives the same bits whatever the layout.
+ct.reduce over a tuple of tiles does all of them in one round (fewer barriers in the SASS). A
+float32 sum adds in its register layout's order, which the compiler picks from how a tile is
+used; pairwise_row_sums gives the same bits whatever the layout.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ k, v may be float32 or bfloat16 (a bfloat16 KV cache). q, k and v all bfloat16 t
 products (fp32 accumulation, the probabilities rounded to bfloat16 for the second product) and
 give a bfloat16 result, as torch's attention does for bfloat16 inputs; otherwise the products
 run at the matmul precision (TF32 by default) and the result is float32. Tq = 1 with float32 q
-(decode) takes the decode kernel (decode.py), which also serves decode_attention.
+(decode) takes the decode kernel (decode_attention.py), which also serves decode_attention.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .activations import fast_div
-from .decode import LOG2E, NEG_INF, decode_cupy, online_softmax_step
+from .decode_attention import LOG2E, NEG_INF, decode_cupy, online_softmax_step
 from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
 from .weights import BF16, KV_DTYPES, empty, like
 
@@ -102,11 +102,10 @@ flash_kernel_occupancy2 = flash_kernel.replace_hints(occupancy=2)
 
 
 def flash_plan(d: int, causal: bool, bf16: bool = False):
-    """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, from tools/sweep_attention.py at 4f7986f
-    (attention-sweep-h100.json at 4f7986f): a bidirectional 64-wide encoder runs 128-query blocks two to
-    an SM (1.8x the 64 x 64 tiles) over 32-key tiles (GLM-ASR's encoder: 76.9 vs 84.4 us for
-    64-key tiles, flash-gelu-sweep-h100.json at 4f7986f), 64-key tiles in bfloat16 (8 windows'
-    heads 336 vs 282 us; TF32 607, docs/performance.md); causal and 128-wide heads take 128-key tiles."""
+    """(TILE_M, TILE_N, kernel) of the flash kernel for head dim d, the fastest tried
+    (docs/performance.md): a bidirectional 64-wide encoder runs 128-query blocks two to an SM
+    (faster than 64 x 64 tiles) over 32-key tiles, or 64-key tiles in bfloat16 (each the faster key
+    width at its precision); causal and 128-wide heads take 128-key tiles."""
     if d == 64 and not causal:
         return 128, 64 if bf16 else 32, flash_kernel_occupancy2
     return (64, 128, flash_kernel) if d <= 128 else (64, 64, flash_kernel)

@@ -2,7 +2,7 @@
 
 tileiras 13.4.92 miscompiled some of these kernels on sm_90: the split-K decode products with
 128-wide K chunks and decode attention over a float32 cache gave wrong results that differed from
-call to call (H100; docs/performance.md, "The compiler"). 13.5.37 builds them exact, so that is the
+call to call (docs/performance.md, "The compiler"). 13.5.37 builds them exact, so that is the
 oldest release the kernels run with.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ read, copied into a (B * T_out, KW * C_in) matrix that `linear` multiplies by th
 reordered to (C_out, KW * C_in), with bias and activation (GLM-ASR's stem uses exact GELU) in
 its epilogue. The result is written (B, T_out, C_out), the layout an encoder reads next, and
 returned as a transposed view. (A direct implicit-GEMM kernel that gathered each tap's
-input tile measured 0.24-0.38x cuDNN.)
+input tile ran well behind cuDNN; this one runs ahead of it.)
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Compiled kernels kept on disk, built once per machine, and built ahead in parallel.
 
 cuda.tile's own disk cache is keyed by the kernel's TileIR bytecode, so a process must run the
-cuTile front end on every specialization to find its cubin (0.1-0.7 s each, seconds a model),
-and the bytecode carries the source file's path, so every checkout rebuilds. `kernel` here (a
-ct.kernel) keys its cubins on what decides them without building anything: the tilekernels
+cuTile front end on every specialization to find its cubin (a fraction of a second each, seconds
+a model), and the bytecode carries the source file's path, so every checkout rebuilds. `kernel`
+here (a ct.kernel) keys its cubins on what decides them without building anything: the tilekernels
 sources' digest, the specialization's mangled name (cuda.tile's name mangling encodes the
 whole signature and round-trips it), the compiler options, the cuda.tile and tileiras releases
 and the GPU architecture. A cache hit costs one file read.

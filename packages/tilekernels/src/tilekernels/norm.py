@@ -64,7 +64,7 @@ def norm_kernel(X, W, B, Y, eps: float, inv_n: float, ROWS: ConstInt, TILE_N: Co
 
 def norm_config(n: int) -> tuple[int, int]:
     """(ROWS, TILE_N): about 2048 elements per block, whole rows (one row from 1024 up: the
-    fewer rows a block, the faster, measured down to one)."""
+    fewer rows a block, the faster, down to one)."""
     tile_n = next_pow2(n)
     return max(1, 2048 // tile_n), tile_n
 

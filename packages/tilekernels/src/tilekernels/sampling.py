@@ -6,8 +6,9 @@ The filters keep every value at or above a threshold: top-k's is the k-th larges
 top-p's the largest value t whose filtered mass at or above t still reaches p (ties are kept
 together). Each threshold is found exactly by a WAYS-ary search over the 32-bit order-preserving
 keys of the float32 values (16 splits a pass, 8 passes: 16^8 = 2^32), every pass one launch in
-which each block sums its chunk at all splits and the row's last block narrows the interval. The draw then takes the first index (in vocabulary order) at which the running
-sum of the kept weights exceeds u times their total, which is what numpy's
+which each block sums its chunk at all splits and the row's last block narrows the interval.
+The draw then takes the first index (in vocabulary order) at which the running sum of the kept
+weights exceeds u times their total, which is what numpy's
 Generator.choice(p=...) does with the same uniform, so a seeded run draws the same tokens
 on the CPU and the GPU. The draw's last block ends the step as argmax's does (positions,
 counters, the next input's embedding), so sampled steps chain in a CUDA graph too.
@@ -26,7 +27,7 @@ ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 ConstFloat = ct.Constant[float]
 # splits of a search pass (a power of two: 32 / log2(WAYS) passes a search) and elements a block compares
-# with all of them at once: 16 x 64 measured best of 16 settings (tools/bench_sampling.py --splits)
+# with all of them at once: 16 x 64 the fastest of the settings tried (docs/performance.md)
 WAYS = 16
 SUB = 64
 INT32_MIN, INT32_MAX = -2 ** 31, 2 ** 31 - 1

@@ -12,10 +12,9 @@ Everything before the LSTM sees that frame only, so the frames are encoded many 
 LSTM steps, its rows (blocks) together. A long file is cut into blocks run side by side (rows of
 one step, on the CPU such groups in a thread pool: numpy's products release the GIL); every block
 but the first starts WARMUP_S earlier with a fresh state and its first WARMUP_S of probabilities
-are dropped. The reset is not forgotten that soon (measured: Silero's state moves probabilities
-at speech edges by up to ~0.5 for tens of seconds and by 1e-4 for minutes), but the speech found
-is the same: regions within a frame or two, segments within 0.1 s of one sequential pass
-(tests/asr/test_vad.py).
+are dropped. The reset is not forgotten that soon (Silero's state moves probabilities at speech
+edges for minutes after it), but the speech found is the same: regions within a frame or two,
+segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
 
 speech_segments: the speech regions (threshold hysteresis as Silero's get_speech_timestamps)
 that pauses shorter than min_silence_duration_ms separate are merged into segments of at most

@@ -153,8 +153,8 @@ _BLAS: list = [0, None]     # (speech_probs calls running, the BLAS limits they 
 @contextlib.contextmanager
 def _one_blas_thread():
     """One BLAS thread while any speech_probs runs: OpenBLAS's threads on the LSTM's small
-    per-step products cost far more than they give (907 steps of 64 rows: 0.1 s on one thread,
-    14 s on two, a busy 2-core machine); the blocks run in threads of their own instead."""
+    per-step products cost far more than they give; the blocks run in threads of their own
+    instead."""
     with _LOCK:
         if _BLAS[0] == 0:
             try:

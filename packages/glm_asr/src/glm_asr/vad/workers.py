@@ -43,7 +43,7 @@ def _pool() -> tuple[int, object, int]:
 def start_workers() -> None:
     """Start the VAD's worker processes (pooled_probs) now, in the background: while a model
     loads, rather than inside the first files' time (a spawned process imports numpy and loads
-    the weights: about a second)."""
+    the weights)."""
     _pool()
 
 
@@ -60,8 +60,8 @@ def stop_workers() -> None:
 
 def pooled_probs(samples: np.ndarray) -> np.ndarray:
     """speech_probs in one of a few worker processes. Silero's LSTM steps in Python a frame; in the
-    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL (VAD took 10x
-    the bulk benchmark's GPU time).
+    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL, and the VAD,
+    not the GPU, sets the pace.
     A daemonic process (a Dask worker) may not start children, and a script without a __main__
     guard cannot spawn them: there it runs here."""
     global _POOL

@@ -17,7 +17,7 @@ from .kvcache import KVCache
 from .precision import PRECISIONS, precision, set_precision, using
 from .protocol import DecoderModel
 from .runner import ModelRunner
-from .sampling import GREEDY, Sampler, Sampling
+from .sampler import GREEDY, Sampler, Sampling
 from .sequence import Completion, Request
 from .tokenizer import TextStream, load_tokenizer
 

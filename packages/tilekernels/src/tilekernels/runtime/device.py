@@ -130,7 +130,7 @@ def freeze_heap() -> None:
     all with the GIL held, every few seconds under load, stalling the engine's token loop and
     every request beside it (docs/performance.md). The
     collection first keeps unreachable cycles (a dropped engine and its KV cache) from being
-    frozen for good; once the heap is frozen it scans only what is new, a few ms. Called once
+    frozen for good; once the heap is frozen it scans only what is new. Called once
     the long-lived state is built: after warm-up, before serving, as a pipeline run starts."""
     gc.collect()
     gc.freeze()

@@ -24,7 +24,7 @@ from .precision import precision as current_precision
 from .precision import using
 from .protocol import DecoderModel
 from .runner import BUCKETS, ModelRunner
-from .sampling import Sampling
+from .sampler import Sampling
 from .scheduler import Scheduler
 from .sequence import Request
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Sequence
 
 from .engine import Engine
-from .sampling import GREEDY, Sampling, check_seed
+from .sampler import GREEDY, Sampling, check_seed
 from .sequence import Completion, Request
 
 

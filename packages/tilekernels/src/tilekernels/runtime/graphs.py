@@ -20,7 +20,7 @@ import numpy as np
 from .. import embedding, full_wait_next, get_matmul_precision
 from .kvcache import KVCache
 from .profile import stage
-from .sampling import GREEDY, Sampler
+from .sampler import GREEDY, Sampler
 
 
 CHAIN = 8       # greedy steps a replay: longer chains gain nothing more (docs/performance.md)
@@ -91,7 +91,7 @@ class DecodeGraph:
         it replay slower however often they run themselves (docs/performance.md). One replay of
         it ends that for good; a replay of another graph or eager
         steps do not; without graph.upload each graph's first replay pays its upload (why, inside
-        the driver, is not known: tools/decode_state.py at 4f7986f). The replay
+        the driver, is not known). The replay
         writes one step's keys at the cache's next slot, which the next real step overwrites,
         and advances positions and span, which every call seeds again."""
         import cupy

@@ -6,9 +6,8 @@
   query-key-value matrices float32: TF32). The residual stream, every accumulation, the norms,
   attention and the softmax stay float32 (tk matmul precision 'medium'). It is the default
   because it is the fastest precision whose logits agree with transformers fp32 at least as
-  well as transformers' own bfloat16 model does (gpt2: prefill 6.6e-3 against 1.2e-2, decode
-  steps 9.2e-3 against 1.3e-2, gpt-parity-h100.json; GLM-ASR: 7.4e-3 against 2.3e-2, decode
-  steps 8.2e-3 against 2.5e-2, glm_asr-parity-h200.json).
+  well as transformers' own bfloat16 model does, prefill and decode steps alike, for gpt2 and
+  GLM-ASR (tools/parity_gpt.py, tools/parity_glm_asr.py; docs/performance.md).
 - tf32: every product on TF32 tensor cores ('high'), float32 matrices.
 - fp32: float32-accurate products (3xTF32, 'highest').
 

@@ -14,7 +14,7 @@ import numpy as np
 from .graphs import DecodeGraph, Pipelined, ShapeGraphs, chunk_sizes, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
-from .sampling import Mode, Sampler
+from .sampler import Mode, Sampler
 from .sequence import Request
 from .slots import Slots
 

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sampling import GREEDY, Sampling
+from .sampler import GREEDY, Sampling
 from .tokenizer import TextStream
 
 

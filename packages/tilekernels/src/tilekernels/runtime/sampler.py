@@ -187,8 +187,8 @@ class Sampler:
         to row rows[i] (a prefill's first tokens), each drawing one uniform from its row's
         generator. On the GPU the pick runs over a power of two of rows (copies of the last row
         added, their picks dropped): cuTile compiles a kernel for each class of its arrays'
-        shapes, and warm_up builds the powers of two (a first pick of 40 rows compiled for 0.27 s
-        in a server)."""
+        shapes, and warm_up builds the powers of two (another row count could compile a kernel of
+        its own mid-serve)."""
         o, xp = self.owner, self.xp
         idx = np.asarray(rows, np.int64)
         n = len(idx)
