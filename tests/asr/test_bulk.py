@@ -204,11 +204,11 @@ def test_every_transcribe_option_is_a_bulk_option():
     (["manifest=/no/such/list.txt", "output_dir=OUT"], "no such file or directory"),
     (["manifest=EMPTY", "output_dir=OUT"], "lists no files"),
     (["manifest=MANIFEST", "output_dir=OUT", "output_format=doc"], "output_format must be one of"),
-    (["manifest=MANIFEST", "output_dir=OUT", "max_new_tokens=0"], "max_new_tokens must be >= 1"),
+    (["manifest=MANIFEST", "output_dir=OUT", "max_new_tokens=0"], "max_new_tokens must be an integer >= 1, got 0"),
     (["manifest=MANIFEST", "output_dir=OUT", "gpus=abc"], "gpus must be an integer"),
     (["manifest=MANIFEST", "output_dir=OUT", "scheduler=tcp://127.0.0.1:1", "workers=2"], "local cluster"),
-    (["manifest=MANIFEST", "output_dir=OUT", "task_seconds=-1"], "task_seconds must be >= 0"),
-    (["manifest=MANIFEST", "output_dir=OUT", "audio_stream=-1"], "audio_stream must be >= 0"),
+    (["manifest=MANIFEST", "output_dir=OUT", "task_seconds=-1"], "task_seconds must be a finite number >= 0, got -1.0"),
+    (["manifest=MANIFEST", "output_dir=OUT", "audio_stream=-1"], "audio_stream must be an integer >= 0, got -1"),
     (["manifest=MANIFEST", "output_dir=OUT", "extensions=[]"], "extensions must name at least one"),
 ])
 def test_bad_options_are_refused_before_any_work(overrides, message, corpus, tmp_path):

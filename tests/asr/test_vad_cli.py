@@ -73,7 +73,7 @@ def test_speech_windows_of_silence_decode_nothing():
     assert list(speech_windows(np.zeros(16000 * 40, np.float32), VadOptions())) == []
 
 
-@pytest.mark.parametrize("arg,message", [("vad=webrtc", "vad must be silero or none"),
+@pytest.mark.parametrize("arg,message", [("vad=webrtc", "vad must be one of silero, none"),
                                          ("vad_options.threshold=2", "vad_options.threshold must be between"),
                                          ("+vad_options.speed=3", "unknown option 'speed'")])
 def test_bad_vad_options_one_line(tiny, arg, message):

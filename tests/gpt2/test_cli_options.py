@@ -81,7 +81,7 @@ def test_plain_stop_is_one_stop_string(ckpt, loaded):
     ("max_new_tokens=2.7", "max_new_tokens must be an integer"),
     ("seed=abc", "seed must be an integer"),
     ("num_samples=abc", "num_samples must be an integer"),
-    ("max_batch=0", "max_batch must be >= 1"),
+    ("max_batch=0", "max_batch must be an integer >= 1, got 0"),
 ])
 def test_bad_option_one_line(ckpt, arg, message):
     r = cli(f"model.path={ckpt}", "prompt=To be", "max_new_tokens=4", arg, "device=cpu")

@@ -3,13 +3,15 @@ paths from Hydra overrides, output file names, atomic writes, finding the config
 import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from glm_asr.formats import output_names, render, write_atomic
-from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, options, split_args
+from tilekernels.runtime.cli import Bool, Float, Int, OptInt, OptStr, Str, config_dir, options, split_args
 
 
 # --- options(): checked values at the config boundary ---------------------------------------
@@ -39,8 +41,64 @@ def test_float_str_and_optional_options():
             options({"temperature": bad}, {"temperature": Float})
     with pytest.raises(ValueError, match=r"^seed must be an integer"):
         options({"seed": "abc"}, {"seed": OptInt})
-    with pytest.raises(ValueError, match=r"^max_batch must be set"):      # a plain Int takes no null
+    with pytest.raises(ValueError, match=r"^max_batch must be an integer, got null$"):    # a plain Int takes no null
         options({"max_batch": None}, {"max_batch": Int})
+
+
+@pytest.mark.parametrize("opt,value,message", [
+    (Int(min=1), 0, "n must be an integer >= 1, got 0"),
+    (Int(min=1, max=128), 129, "n must be an integer from 1 to 128, got 129"),
+    (Int(min=1, max=128), "abc", "n must be an integer from 1 to 128, got 'abc'"),
+    (OptInt(min=0), -1, "n must be an integer >= 0, got -1"),
+    (OptInt(min=0, max=2 ** 63 - 1), 2 ** 63, "n must be an integer from 0 to 2**63 - 1, got 9223372036854775808"),
+    (Float(gt=0), 0, "n must be a finite number > 0, got 0.0"),
+    (Float(gt=0), "inf", "n must be a finite number > 0, got inf"),
+    (Float(min=0), float("nan"), "n must be a finite number >= 0, got nan"),
+    (Float(gt=0, max=1), 1.5, "n must be a number > 0 and <= 1, got 1.5"),
+    (Float(min=0, max=100), -1, "n must be a number from 0 to 100, got -1.0"),
+    (Str(choices=("silero", "none")), "x", "n must be one of silero, none, got 'x'"),
+    (Str(choices=("silero", "none")), None, "n must be one of silero, none, got null"),
+    (Bool, "maybe", "n must be true or false, got 'maybe'"),
+])
+def test_declared_range_or_choices_refused_in_one_line(opt, value, message):
+    """A value outside an option's declared range or choices: one line naming the option, what it
+    takes and what it got."""
+    with pytest.raises(ValueError) as e:
+        options({"n": value}, {"n": opt})
+    assert str(e.value) == message
+
+
+def test_declared_range_and_choices_accepted():
+    table = {"a": Int(min=1, max=128), "b": OptInt(min=0), "c": Float(gt=0, max=1), "d": Str(choices=("x", "y")),
+             "e": Float(min=0), "f": Bool, "g": Float}
+    cfg = OmegaConf.create({"a": "128", "b": None, "c": 1, "d": "y", "e": 0, "f": "off", "g": "inf"})
+    assert options(cfg, table) == {"a": 128, "b": None, "c": 1.0, "d": "y", "e": 0.0, "f": False, "g": float("inf")}
+
+
+# --- every command line and server: a bad option is one error line before any work -------------
+
+COMMANDS = {"gpt.generate": [], "gpt.serve": [], "glm_asr.transcribe": ["x.wav"],
+            "glm_asr.serve": [], "glm_asr.bulk": ["manifest=m.txt", "output_dir=out"]}
+
+
+@pytest.mark.parametrize("module,arg", [
+    ("gpt.generate", "max_batch=0"), ("gpt.generate", "top_p=1.5"), ("gpt.generate", "precision=fp8"),
+    ("gpt.serve", "max_rows=0"), ("gpt.serve", "timeout_read=0"), ("gpt.serve", "device=tpu"),
+    ("glm_asr.transcribe", "encoder_batch=0"), ("glm_asr.transcribe", "vad=webrtc"),   # transcribe has no float option
+    ("glm_asr.serve", "port=70000"), ("glm_asr.serve", "max_upload_mb=-1"), ("glm_asr.serve", "output_format=doc"),
+    ("glm_asr.bulk", "gpus=-1"), ("glm_asr.bulk", "task_seconds=nan"), ("glm_asr.bulk", "output_format=doc"),
+])
+def test_bad_option_is_one_line_naming_it(module, arg, tmp_path):
+    """An int, a float and a choice option of each command out of range: exit 1, one stderr line
+    naming the option and what it takes, no traceback, nothing done (no model is read)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home"}
+    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], arg, "model.path=/nonexistent"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    name = arg.split("=")[0]
+    assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {name} must be "), r.stderr
+    assert ", got " in lines[0] and list(tmp_path.iterdir()) == [], lines[0]
 
 
 # --- split_args(): input paths beside Hydra's overrides -------------------------------------

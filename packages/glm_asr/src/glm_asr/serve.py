@@ -35,16 +35,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config
-from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
-from tilekernels.runtime.server import (APIError, ClientGone, Job, Metrics, ThreadWorker, UploadTooLarge, check_model,
-                                        limited, make_app, run_server, server_options, submit, too_large, wait)
+from tilekernels.runtime.cli import Float, Str, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Job, Metrics, ThreadWorker,
+                                        UploadTooLarge, check_model, limited, make_app, run_server, submit, too_large,
+                                        wait)
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, load, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
 from .subtitles import join_text
 from .pipeline import Dropped
-from .transcribe import vad_options
+from .transcribe import MODEL_OPTIONS, vad_options
 from .vad import stop_workers
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -118,20 +119,13 @@ class SharedPipeline(ThreadWorker):
 
 
 def _server_settings(cfg: DictConfig) -> dict:
-    """The server's options, checked (ValueError naming the option); output_format as a
-    response_format."""
-    o = {**server_options(cfg), **options(cfg, {
-        "max_batch": Int, "max_upload_mb": Float, "max_new_tokens": Int, "prompt": Str, "device": Str,
-        "audio_stream": OptInt, "vad": Str, "output_format": Str, "precision": Str})}
-    if o["max_batch"] < 1:
-        raise ValueError(f"max_batch must be >= 1, got {o['max_batch']}")
-    if not 0 < o["max_upload_mb"] < float("inf"):
-        raise ValueError(f"max_upload_mb must be > 0, got {o['max_upload_mb']}")
+    """The server's options, declared here once (the servers' and transcribe's shared ones, the
+    upload limit, the default response_format) and checked (ValueError naming the option);
+    output_format as a response_format (txt: text)."""
+    o = options(cfg, {**SERVER_OPTIONS, **MODEL_OPTIONS, "max_upload_mb": Float(gt=0),
+                      "output_format": Str(choices=(*RESPONSE_FORMATS, "txt"))})
     o["output_format"] = {"txt": "text"}.get(o["output_format"], o["output_format"])
-    if o["output_format"] not in RESPONSE_FORMATS:
-        raise ValueError(f"output_format must be one of {', '.join(RESPONSE_FORMATS)}, got {o['output_format']!r}")
-    o["vad_options"] = vad_options(cfg.get("vad_options"))
-    vad_settings(o["vad"], o["vad_options"])
+    o["vad_options"] = vad_options(cfg.get("vad_options"))       # each checked (VadOptions)
     return o
 
 

@@ -16,8 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
-from tilekernels.runtime.cli import (Bool, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options,
-                                     profile_at_exit, split_args)
+from tilekernels.runtime.cli import (Bool, Device, Int, OptInt, OptStr, Precision, Str, config_dir,
+                                     exit_with_one_line_errors, options, profile_at_exit, split_args)
 from tilekernels.runtime.profile import mark
 
 from .api import load
@@ -26,16 +26,20 @@ from .formats import FORMATS, output_names, render, write_atomic
 from .vad import start_workers
 
 _FILES: list[str] = []
+# the options of every glm_asr command (transcribe, bulk, serve: its requests' defaults)
+MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "device": Device, "precision": Precision,
+                 "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")), "max_batch": Int(min=1)}
+# those transcribe and bulk share: the files written
+SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
+                  "encoder_batch": Int(min=1)}
+TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool}
 
 
 def run(cfg: DictConfig, args: list[str]) -> int:
-    o = options(cfg, {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str,
-                      "device": Str, "audio_stream": OptInt, "vad": Str, "max_batch": Int, "encoder_batch": Int,
-                      "precision": Str, "profile": Bool})
+    o = options(cfg, TRANSCRIBE_OPTIONS)
     profile_at_exit(o["profile"])
     mark("options read")
     fmt, out_dir = o["output_format"], o["output_dir"]
-    check_shared(o)
     if not args:
         raise ValueError("no audio files given: python -m glm_asr.transcribe FILE|DIR|-|'GLOB' [...]")
     if args.count("-") > 1:
@@ -89,17 +93,6 @@ def run(cfg: DictConfig, args: list[str]) -> int:
               f"{seconds / max(wall, 1e-9):.1f}x real time" + (f"; {failed} failed" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0
-
-
-def check_shared(o: dict) -> None:
-    """The checks of the options transcribe and bulk share: the format, counts, the stream."""
-    if o["output_format"] not in FORMATS:
-        raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {o['output_format']!r}")
-    for name in ("max_new_tokens", "max_batch", "encoder_batch"):
-        if o[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {o[name]}")
-    if o["audio_stream"] is not None and o["audio_stream"] < 0:
-        raise ValueError(f"audio_stream must be >= 0, got {o['audio_stream']}")
 
 
 def vad_options(value) -> dict:

@@ -14,9 +14,10 @@ import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tilekernels.runtime import from_model_config
-from tilekernels.runtime.cli import (Bool, Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors,
-                                     options, profile_at_exit)
+from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptInt, OptStr, Precision, config_dir,
+                                     exit_with_one_line_errors, options, profile_at_exit)
 from tilekernels.runtime.profile import mark
+from tilekernels.runtime.sampler import INT32_MAX, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE
 
 from .api import load
 
@@ -25,6 +26,12 @@ OmegaConf.register_new_resolver("gpt_data", lambda name: str(DATA / name), repla
 
 
 MAX_PROMPT_FILE = 16 * 2 ** 20
+# the options generate and serve share (serve: each request's defaults), as Sampling takes them
+SHARED_OPTIONS = {"max_new_tokens": Int(min=1), "temperature": Float(min=0, max=MAX_TEMPERATURE),
+                  "top_k": Int(min=0, max=INT32_MAX), "top_p": Float(gt=0, max=1),
+                  "repetition_penalty": Float(gt=0, max=MAX_PENALTY), "seed": OptInt(min=0, max=MAX_SEED),
+                  "num_samples": Int(min=1), "max_batch": Int(min=1), "device": Device, "precision": Precision}
+GENERATE_OPTIONS = {**SHARED_OPTIONS, "prompt_file": OptStr, "profile": Bool}
 
 
 def read_prompts(prompt, prompt_file: str | None) -> list[str]:
@@ -59,14 +66,9 @@ def stop_strings(stop) -> list[str]:
 
 
 def run(cfg: DictConfig) -> None:
-    o = options(cfg, {"max_new_tokens": Int, "temperature": Float, "top_k": Int, "top_p": Float,
-                      "repetition_penalty": Float, "seed": OptInt, "num_samples": Int, "max_batch": Int,
-                      "prompt_file": OptStr, "device": Str, "precision": Str, "profile": Bool})
+    o = options(cfg, GENERATE_OPTIONS)
     profile_at_exit(o["profile"])
     mark("options read")
-    for name in ("max_new_tokens", "num_samples", "max_batch"):
-        if o[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {o[name]}")
     prompts = read_prompts(cfg.prompt, o["prompt_file"])
     lm = load(str(from_model_config(cfg.model)), o["device"], precision=o["precision"])
     mark("model loaded")

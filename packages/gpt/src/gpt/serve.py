@@ -30,20 +30,21 @@ from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.runtime import GREEDY, Completion, Sampling, check_length, from_model_config, requests, warm_up
 from tilekernels.runtime.sampler import check_seed
-from tilekernels.runtime.cli import Float, Int, OptInt, Str, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options
 
-from tilekernels.runtime.server import (APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics, check_model,
-                                        make_app, new_id, read_body, run_server, server_options, submit, wait)
+from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics,
+                                        check_model, make_app, new_id, read_body, run_server, submit, wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
 from .api import GPTError, LanguageModel, load
-from .generate import stop_strings
+from .generate import SHARED_OPTIONS, stop_strings
 
 UNSUPPORTED = {"logprobs": "logprobs are not supported", "suffix": "suffix (insertion) is not supported",
                "logit_bias": "logit_bias is not supported"}
 MAX_N = 128             # completions a prompt (n)
 MAX_STOPS, MAX_STOP_CHARS = 4, 256      # OpenAI's rule: up to 4 stop strings
 INLINE_BYTES = 1 << 16  # bodies parsed on the event loop; larger ones in a thread
+SERVE_OPTIONS = {**SERVER_OPTIONS, **SHARED_OPTIONS, "max_rows": Int(min=1), "max_request_mb": Float(gt=0)}
 
 
 class CompletionRequest:
@@ -168,15 +169,7 @@ def _prompts(prompt, vocab: int) -> list:
 
 
 def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
-    o = {**server_options(cfg), **options(cfg, {
-        "max_batch": Int, "max_rows": Int, "max_request_mb": Float, "max_new_tokens": Int, "temperature": Float,
-        "top_k": Int, "top_p": Float, "repetition_penalty": Float, "seed": OptInt, "num_samples": Int,
-        "device": Str, "precision": Str})}
-    for name in ("max_batch", "max_rows"):
-        if o[name] < 1:
-            raise ValueError(f"{name} must be >= 1, got {o[name]}")
-    if not 0 < o["max_request_mb"] < float("inf"):
-        raise ValueError(f"max_request_mb must be > 0, got {o['max_request_mb']}")
+    o = options(cfg, SERVE_OPTIONS)
     prompt = cfg.get("prompt")
     defaults = {**o, "stop": stop_strings(cfg.get("stop")),
                 "prompt": OmegaConf.to_container(prompt) if OmegaConf.is_config(prompt) else (prompt or "")}
@@ -188,7 +181,6 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
     tokens_out = metrics.add_counter("generated_tokens", "tokens generated")
     tokens_in = metrics.add_counter("prompt_tokens", "prompt tokens of admitted requests")
     engine = lm.engine(o["max_batch"])
-    check_seed(o["seed"])
     sampling = Sampling(o["temperature"], o["top_k"], o["top_p"], o["repetition_penalty"])
     if lm.model.xp is not np:       # compiles and captures every batch size, greedy and the defaults' sampling
         warm_up(engine, (GREEDY, sampling))

@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from tilekernels.runtime.cli import Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, \
-    options, split_args
+from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, \
+    split_args
 
 from ..formats import output_names
-from ..transcribe import check_shared, extensions as parse_extensions, vad_options
+from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
 from .manifest import plan_tasks, probe_duration, read_manifest
 from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
 from .worker import prepare, transcribe_files
 
 
-_KINDS = {"output_format": Str, "output_dir": OptStr, "max_new_tokens": Int, "prompt": Str, "device": Str,
-          "manifest": OptStr, "glob": Str, "gpus": OptInt, "workers": OptInt, "audio_stream": OptInt, "vad": Str,
-          "scheduler": OptStr, "task_seconds": Float, "dashboard": OptStr, "max_batch": Int, "encoder_batch": Int,
-          "precision": Str}
+# transcribe's options and where the work runs (gpus and workers: worker_plan checks them against the machine)
+BULK_OPTIONS = {**SHARED_OPTIONS, "manifest": OptStr, "glob": Str, "gpus": OptInt(min=0), "workers": OptInt(min=1),
+                "scheduler": OptStr, "task_seconds": Float(min=0), "dashboard": OptStr}
 
 
 def check_options(cfg, inputs: list[str]) -> dict:
-    o = options(cfg, _KINDS)
+    """bulk's options (BULK_OPTIONS) checked, with what they must hold together: a manifest (or the
+    one argument) and an output_dir that can be a directory; scheduler without gpus or workers."""
+    o = options(cfg, BULK_OPTIONS)
     if inputs and o["manifest"] is None and len(inputs) == 1:
         o["manifest"] = inputs[0]
     elif inputs:
@@ -39,9 +39,6 @@ def check_options(cfg, inputs: list[str]) -> dict:
         raise ValueError("no manifest given: python -m glm_asr.bulk manifest=FILE|DIR output_dir=DIR")
     if not o["output_dir"]:
         raise ValueError("no output_dir given: bulk writes one transcript per file there (output_dir=DIR)")
-    check_shared(o)
-    if o["task_seconds"] < 0 or not math.isfinite(o["task_seconds"]):
-        raise ValueError(f"task_seconds must be >= 0, got {o['task_seconds']}")
     if o["scheduler"] and (o["gpus"] is not None or o["workers"] is not None):
         raise ValueError("scheduler=ADDRESS uses that cluster's workers: gpus and workers are for a local cluster")
     if Path(o["output_dir"]).exists() and not Path(o["output_dir"]).is_dir():

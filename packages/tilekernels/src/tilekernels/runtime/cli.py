@@ -1,16 +1,19 @@
-"""What both command lines share: finding their Hydra configs, checking option types at the
-config boundary, telling input paths from overrides, and one-line errors instead of tracebacks."""
+"""What the command lines and servers share: finding their Hydra configs, checking the options each
+declares once (Opt: type, range or choices) at the config boundary, telling input paths from
+overrides, and one-line errors instead of tracebacks."""
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Callable, NoReturn
 
 from ..compiler import CompilerError
 from .checkpoint import CheckpointError
+from .precision import PRECISIONS
 
-Int, OptInt, Float, Str, OptStr, Bool = "int", "int?", "float", "str", "str?", "bool"
 _HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                       "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
 
@@ -21,33 +24,91 @@ def config_dir(package: str) -> str:
     return str(resources.files(package) / "configs")
 
 
-def _int(name: str, v) -> int:
-    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    if isinstance(v, (int, float)):
-        return int(v)
-    try:
-        return int(str(v).strip())
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None
+@dataclass(frozen=True)
+class Opt:
+    """One option's declaration: its type (int, float, str or bool), whether it takes null, and the
+    values it allows: min and max (inclusive), gt (exclusive) or choices. Each command declares its
+    options once, a table of these (name -> Opt), and options() checks them all the same way."""
+    type: type
+    optional: bool = False
+    min: float | None = None
+    max: float | None = None
+    gt: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def __call__(self, *, min: float | None = None, max: float | None = None, gt: float | None = None,
+                 choices: tuple[str, ...] = ()) -> Opt:
+        """This kind with a range or choices: Int(min=1), Float(gt=0, max=1), Str(choices=(...))."""
+        return replace(self, min=min, max=max, gt=gt, choices=tuple(choices))
+
+    def bounded(self) -> bool:
+        """Whether a range is declared (a bounded float takes finite values only)."""
+        return (self.min, self.max, self.gt) != (None, None, None)
+
+    def allowed(self) -> str:
+        """What the option takes, as its error line says: 'an integer >= 1', 'one of silero, none'."""
+        if self.choices:
+            return f"one of {', '.join(self.choices)}"
+        if self.type is bool:
+            return "true or false"
+        what = {int: "an integer", float: "a number", str: "a string"}[self.type]
+        if self.min is not None and self.max is not None:
+            return f"{what} from {_bound(self.min)} to {_bound(self.max)}"
+        if self.type is float and self.bounded():       # one side open: inf and nan are refused too
+            what = "a finite number" if self.max is None else what
+        parts = [f"{op} {_bound(v)}" for op, v in ((">=", self.min), (">", self.gt), ("<=", self.max)) if v is not None]
+        return " ".join([what, " and ".join(parts)]) if parts else what
+
+    def accepts(self, v) -> bool:
+        """Whether v (already of this type) is in the declared range or choices."""
+        if self.choices:
+            return v in self.choices
+        if self.type is float and self.bounded() and not math.isfinite(v):
+            return False
+        return ((self.min is None or v >= self.min) and (self.gt is None or v > self.gt)
+                and (self.max is None or v <= self.max))
 
 
-def _float(name: str, v) -> float:
+Int, OptInt, Float, Str, OptStr, Bool = Opt(int), Opt(int, True), Opt(float), Opt(str), Opt(str, True), Opt(bool)
+Device = Str(choices=("auto", "cpu", "gpu"))
+Precision = Str(choices=tuple(PRECISIONS))
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _bound(v: float) -> str:
+    """A range's end as written: 100, 0.5, and a large 2**n - 1 by its formula (2**63 - 1)."""
+    if isinstance(v, int) and v > 2 ** 16 and v & (v + 1) == 0:
+        return f"2**{v.bit_length()} - 1"
+    return f"{v:g}"
+
+
+def _parse(v, kind: type):
+    """v as kind, or None when it is not one: Hydra passes `key=abc` as a string and `key=2.7` as a
+    float, so an integer is an int, a whole float or an integer's text; never a bool for a number."""
+    if kind is bool:
+        return v if isinstance(v, bool) else _BOOLS.get(str(v).strip().lower())
+    if kind is str:
+        return str(v)
     if isinstance(v, bool):
-        raise ValueError(f"{name} must be a number, got {v!r}")
+        return None
+    if kind is int and isinstance(v, (int, float)):
+        return int(v) if isinstance(v, int) or v.is_integer() else None
     try:
-        return float(v)
+        return kind(str(v).strip()) if kind is int else float(v)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
+        return None
 
 
-def _bool(name: str, v) -> bool:
-    if isinstance(v, bool):
-        return v
-    text = str(v).strip().lower()
-    if text in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-        return text in ("true", "1", "yes", "on")
-    raise ValueError(f"{name} must be true or false, got {v!r}")
+def check(name: str, v, opt: Opt):
+    """v as option `name` declares it (opt), or a ValueError of one line naming the option, what it
+    allows and what it got: 'max_batch must be an integer >= 1, got 0'."""
+    if v is None and opt.optional:
+        return None
+    value = None if v is None else _parse(v, opt.type)
+    if value is None or not opt.accepts(value):
+        got = "null" if v is None else repr(v if value is None else value)
+        raise ValueError(f"{name} must be {opt.allowed()}, got {got}")
+    return value
 
 
 def profile_at_exit(enabled: bool) -> None:
@@ -60,26 +121,11 @@ def profile_at_exit(enabled: bool) -> None:
         atexit.register(report)
 
 
-def options(cfg, kinds: dict[str, str]) -> dict:
-    """The named options of a Hydra config as checked Python values: Int, Float, Str and Bool (a
-    '?' kind also takes null). Hydra passes `key=abc` through as a string and `key=2.7` as a float,
-    so every integer and number option is checked here, once, with one line saying which."""
-    out = {}
-    for name, kind in kinds.items():
-        v = cfg.get(name)
-        if v is None and kind.endswith("?"):
-            out[name] = None
-        elif v is None:
-            raise ValueError(f"{name} must be set")
-        elif kind.startswith("int"):
-            out[name] = _int(name, v)
-        elif kind == Float:
-            out[name] = _float(name, v)
-        elif kind == Bool:
-            out[name] = _bool(name, v)
-        else:
-            out[name] = str(v)
-    return out
+def options(cfg, table: dict[str, Opt]) -> dict:
+    """A command's options (table: each name's Opt, the command's one declaration of them) read from
+    its Hydra config and checked, as a dict of typed values: the one place they are checked, so no
+    call site repeats a range check. An option absent from cfg is null."""
+    return {name: check(name, cfg.get(name), opt) for name, opt in table.items()}
 
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:

@@ -447,17 +447,14 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_k
     uvicorn.Server(config).run()
 
 
+SERVER_OPTIONS = {"host": Str, "port": Int(min=0, max=65535), "max_queue": Int(min=0),
+                  "timeout_keep_alive": Float(gt=0), "timeout_read": Float(gt=0)}    # seconds
+
+
 def server_options(cfg) -> dict:
-    """The options both servers share, checked: host, port, max_queue, the connection timeouts."""
-    o = options(cfg, {"host": Str, "port": Int, "max_queue": Int, "timeout_keep_alive": Float, "timeout_read": Float})
-    if not 0 <= o["port"] <= 65535:
-        raise ValueError(f"port must be in [0, 65535], got {o['port']}")
-    if o["max_queue"] < 0:
-        raise ValueError(f"max_queue must be >= 0, got {o['max_queue']}")
-    for name in ("timeout_keep_alive", "timeout_read"):
-        if not 0 < o[name] < float("inf"):
-            raise ValueError(f"{name} must be a number of seconds > 0, got {o[name]}")
-    return o
+    """The options both servers share (SERVER_OPTIONS, part of each server's own table), checked:
+    host, port, max_queue, the connection timeouts."""
+    return options(cfg, SERVER_OPTIONS)
 
 
 def run_server(app: FastAPI, o: dict, log_level) -> None:
