@@ -247,6 +247,9 @@ def test_asr_equals_cli(asr_server, asr_none, tiny, sounds):
     with open(ONE, "rb") as f:
         v = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json")
     assert v.text == r.text and v.segments and v.segments[0].id == 0 and v.duration > 0
+    cli_json = json.loads(asr_cli(tiny, ONE, "output_format=json"))
+    assert [(s.tokens, s.compression_ratio, s.no_speech_prob) for s in v.segments] == [
+        (s["tokens"], s["compression_ratio"], s["no_speech_prob"]) for s in cli_json["segments"]]
     with open(sounds / "tone.wav", "rb") as f:
         t = asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f, response_format="text")
     assert t == asr_cli(tiny, sounds / "tone.wav", "vad=none")

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -52,6 +53,49 @@ def test_json_for_one_file_is_one_document(tiny, audio_dir):
     assert r.stdout.strip().count("\n") > 1          # pretty printed, not a JSON line
     doc = json.loads(r.stdout)
     assert doc["file"] == str(wav) and doc["segments"][0]["start"] == 0 and doc["segments"][0]["end"] == 2.5
+
+
+def test_json_segments_carry_tokens_compression_and_no_speech(tiny):
+    """Each JSON segment holds its decoded token ids (which decode to its text), its text's zlib
+    compression ratio, and with the VAD no_speech_prob = 1 - the mean speech probability of its
+    frames (a probability; null with vad none)."""
+    import zlib
+
+    from glm_asr.vad import FRAME, VadOptions, segments_from_probs, speech_probs
+    from tilekernels.runtime import load_tokenizer
+
+    tok = load_tokenizer(tiny)
+    fixture = Path(__file__).parent / "fixtures" / "pause05.flac"
+    for vad in ("silero", "none"):
+        r = cli(fixture, f"model.path={tiny}", f"vad={vad}", "max_new_tokens=6", "device=cpu", "output_format=json")
+        assert r.returncode == 0, r.stderr
+        segments = json.loads(r.stdout)["segments"]
+        assert segments
+        for seg in segments:
+            assert seg["tokens"] and all(isinstance(t, int) for t in seg["tokens"])
+            assert tok.decode(seg["tokens"], skip_special_tokens=True).strip() == seg["text"]
+            raw = seg["text"].encode()
+            assert seg["compression_ratio"] == (round(len(raw) / len(zlib.compress(raw)), 3) if raw else 0.0)
+        if vad == "none":
+            assert all(seg["no_speech_prob"] is None for seg in segments)
+            continue
+        audio, _ = sf.read(fixture, dtype="float32")
+        p = speech_probs(audio)
+        spans = segments_from_probs(p, len(audio), VadOptions())
+        assert len(spans) == len(segments)
+        for seg, span in zip(segments, spans):
+            mean = float(np.mean(p[span.start // FRAME: -(-span.end // FRAME)], dtype=np.float64))
+            assert abs(seg["no_speech_prob"] - (1 - mean)) <= 1e-4 and 0 <= seg["no_speech_prob"] <= 1
+
+
+def test_compression_ratio_sees_a_loop():
+    """A decode that loops compresses far better than speech's text: above the 2.4 that
+    Whisper-family engines take for a failed segment."""
+    from glm_asr.pipeline import compression_ratio
+
+    assert compression_ratio("the the the the the the the the the the the the the the the the") > 2.4
+    assert compression_ratio("A quick brown fox jumps over the lazy dog near the riverbank.") < 2.4
+    assert compression_ratio("") == 0.0
 
 
 @pytest.mark.parametrize("fmt", ["srt", "vtt"])

@@ -38,6 +38,9 @@ class Segment:
     start: float        # seconds, in the file's time
     end: float
     text: str
+    tokens: list[int] = field(default_factory=list)     # the decoded token ids
+    compression_ratio: float = 0.0      # text bytes / zlib-compressed bytes (Whisper's; loops compress well)
+    no_speech_prob: float | None = None     # 1 - the VAD's mean speech probability (None: vad none)
 
 
 @dataclass

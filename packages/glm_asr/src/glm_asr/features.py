@@ -131,6 +131,7 @@ class Window:
     end_s: float
     features: object            # (128, 3000) float32, numpy or cupy; or the window's samples (xp=None)
     tokens: int                 # audio embeddings that belong to real audio
+    speech: float | None = None     # the VAD's mean speech probability over its speech (None: no VAD)
 
 
 def stream_windows(blocks: Iterable[np.ndarray], n_mels: int = 128, xp=np, offset_s: float = 0.0) -> Iterator[Window]:

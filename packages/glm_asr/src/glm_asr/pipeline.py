@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -63,6 +64,12 @@ class _File:
     @property
     def complete(self) -> bool:
         return self.error is not None or (self.total is not None and len(self.texts) == self.total)
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes of the text over bytes of its zlib compression (Whisper's measure; 0 for no text)."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
 class _InFlight:
@@ -312,23 +319,29 @@ class Transcriber:
             eos = frozenset() if ignore_eos else frozenset(m.eos_ids)
             for j, (index, n, w) in enumerate(group):
                 ids = self.prompt_ids(w.tokens, instruction)
-                files[index].windows.append((n, w.start_s, w.end_s))
+                files[index].windows.append((n, w.start_s, w.end_s, w.speech))
                 files[index].prompts[n] = len(ids)
                 self.engine.add(Request(ids, max_new_tokens, eos=eos, embeds=m.prompt_embeds(ids, emb[j, :w.tokens]),
                                         tag=(index, n, w)))
             if xp is not np:
                 self._encoded = xp.cuda.get_current_stream().record()
 
-    def _segment(self, f: _File, n: int, start: float, end: float) -> dict:
-        text = self.tok.decode(f.texts[n], skip_special_tokens=True)
-        return {"start": round(start, 3), "end": round(end, 3), "text": text.strip()}
+    def _segment(self, f: _File, n: int, start: float, end: float, speech: float | None) -> dict:
+        """A window's segment: its times, text and tokens, the text's compression ratio (as Whisper
+        computes it: a looping decode compresses well) and no_speech_prob: 1 minus the VAD's mean
+        speech probability over it (None where no VAD ran)."""
+        tokens = [int(t) for t in f.texts[n]]
+        text = self.tok.decode(tokens, skip_special_tokens=True).strip()
+        return {"start": round(start, 3), "end": round(end, 3), "text": text, "tokens": tokens,
+                "compression_ratio": round(compression_ratio(text), 3),
+                "no_speech_prob": None if speech is None else round(1.0 - speech, 4)}
 
     def _segments(self, f: _File) -> list[dict]:
-        return [self._segment(f, n, start, end) for n, start, end in sorted(f.windows)]
+        return [self._segment(f, *w) for w in sorted(f.windows, key=lambda w: w[0])]
 
     def _show(self, f: _File, partial: Callable[[str, dict, int, int], None]) -> None:
         """Hand partial each segment of f now decoded with every segment before it."""
-        spans = {n: (start, end) for n, start, end in f.windows}
+        spans = {w[0]: w[1:] for w in f.windows}
         while f.shown in f.texts:
             n = f.shown
             partial(f.name, self._segment(f, n, *spans[n]), f.prompts[n], len(f.texts[n]))

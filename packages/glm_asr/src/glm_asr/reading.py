@@ -20,7 +20,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, Audio
 from .features import Window, audio_tokens, log_mel, stream_windows, valid_frames
-from .vad import VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
+from .vad import FRAME, VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
 
 READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
                            # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
@@ -115,7 +115,8 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
     """A window for each segment of speech Silero VAD finds: its padded audio as the features
     (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
     file's time). Two passes over a file (the probabilities, then the segments' audio), each
-    holding a block at a time; probs(samples) computes the probabilities of a block."""
+    holding a block at a time; probs(samples) computes the probabilities of a block. Each window
+    carries its speech's mean probability (a segment's no_speech_prob is 1 minus it)."""
     if isinstance(audio, np.ndarray):
         first, again, offset = [audio], (lambda: [audio]), 0.0
     else:
@@ -124,4 +125,6 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
     for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
         tokens = audio_tokens(valid_frames(len(x)))
         if tokens >= 1:
-            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens)
+            speech = p[seg.start // FRAME: max(-(-seg.end // FRAME), seg.start // FRAME + 1)]
+            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens,
+                         float(np.mean(speech, dtype=np.float64)) if len(speech) else None)

@@ -292,6 +292,16 @@ async def _next(request: Request, job: Job):
                 raise ClientGone() from None
 
 
+def _verbose_segment(i: int, s: dict) -> dict:
+    """A segment in OpenAI's verbose_json shape; no_speech_prob where the VAD cut it (vad none:
+    absent), avg_logprob not given (the engine does not return logprobs yet)."""
+    out = {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": s["tokens"],
+           "temperature": 0.0, "compression_ratio": s["compression_ratio"]}
+    if s["no_speech_prob"] is not None:
+        out["no_speech_prob"] = s["no_speech_prob"]
+    return out
+
+
 def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, language: str | None):
     """The response in an OpenAI response_format; the text as the CLI writes it (txt without its
     final newline; srt and vtt as the CLI's files)."""
@@ -303,8 +313,7 @@ def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, lang
         end = segments[-1]["end"] if segments else 0.0
         return JSONResponse({"task": "transcribe", "language": language or "unknown",
                              "duration": float(seconds if seconds is not None else end), "text": text,
-                             "segments": [{"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"],
-                                           "tokens": [], "temperature": 0.0} for i, s in enumerate(segments)]})
+                             "segments": [_verbose_segment(i, s) for i, s in enumerate(segments)]})
     body = render("txt" if fmt == "text" else fmt, r.source, segments, readable=readable)
     return PlainTextResponse(body, media_type=CONTENT_TYPES[fmt])
 
