@@ -1,5 +1,6 @@
 """The tiny checkpoint end to end: loader, prompt, every output format, many files, bad input."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -244,3 +245,48 @@ def test_each_model_keeps_the_precision_it_was_loaded_with(tiny):
                    max_new_tokens=2, vad="none")
     assert seen == {"gpt": {"highest"}, "asr": {"medium"}}
     assert (lm.engine().precision, asr.transcriber.engine.precision, precision()) == ("fp32", "bf16", "tf32")
+
+
+GUARD = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+def test_the_loop_guard_decodes_a_looping_segment_again(tiny):
+    """The tiny model loops ('7777...') on the first segment of pause3s (compression ratio above
+    2.4) and less on the second: with the guard the first is decoded again at rising temperatures
+    until its text compresses less, the second keeps its greedy tokens; the draws are seeded by
+    the segment, so the result is the same every run; temperature 0 alone is greedy only."""
+    import glm_asr
+    from glm_asr.pipeline import compression_ratio
+
+    asr = glm_asr.load(str(tiny), device="cpu")
+    clip = Path(__file__).parent / "fixtures" / "pause3s.flac"
+    greedy = asr.transcribe(clip, max_new_tokens=40)
+    guarded = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD)
+    assert [s.temperature for s in greedy.segments] == [0.0, 0.0]
+    first, second = guarded.segments
+    assert greedy.segments[0].compression_ratio > 2.4 >= greedy.segments[1].compression_ratio
+    assert first.temperature in GUARD[1:] and first.compression_ratio <= 2.4
+    assert first.compression_ratio == round(compression_ratio(first.text), 3) and first.tokens != greedy.segments[0].tokens
+    assert (second.temperature, second.tokens) == (0.0, greedy.segments[1].tokens)
+    again = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD)
+    assert [(s.tokens, s.temperature) for s in again.segments] == [(s.tokens, s.temperature) for s in guarded.segments]
+    strict = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD, compression_ratio_threshold=0.01)
+    assert all(s.temperature in GUARD for s in strict.segments)      # every attempt fails: the least looping kept
+
+
+def test_the_loop_guard_on_the_command_line(tiny, tmp_path):
+    """temperature=[...] on the CLI gives the API's segments; bad values are one line each."""
+    import glm_asr
+
+    clip = Path(__file__).parent / "fixtures" / "pause3s.flac"
+    r = cli(clip, f"model.path={tiny}", "device=cpu", "max_new_tokens=40", "output_format=json",
+            "temperature=[0,0.2,0.4,0.6,0.8,1.0]")
+    assert r.returncode == 0, r.stderr
+    api = glm_asr.load(str(tiny), device="cpu").transcribe(clip, max_new_tokens=40, temperature=GUARD)
+    assert [(s["tokens"], s["temperature"]) for s in json.loads(r.stdout)["segments"]] == [
+        (s.tokens, s.temperature) for s in api.segments]
+    for bad, message in (("temperature=x", "temperature must be a number"),
+                         ("temperature=[0,-1]", "temperature must be a number from 0"),
+                         ("compression_ratio_threshold=0", "compression_ratio_threshold must be")):
+        r = cli(clip, f"model.path={tiny}", "device=cpu", bad)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr

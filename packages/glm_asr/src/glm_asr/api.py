@@ -12,17 +12,20 @@ import contextlib
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from tilekernels.runtime import CheckpointError, pick_device, resolve, using
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
+from tilekernels.runtime.sampler import MAX_TEMPERATURE
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
-from .pipeline import ENCODER_BATCH, MAX_BATCH, Transcriber
+from .pipeline import ENCODER_BATCH, MAX_BATCH, Fallback, Transcriber
 from .subtitles import join_text
 from .vad import VadOptions
+
+COMPRESSION_RATIO_THRESHOLD = 2.4     # faster-whisper's: above it a segment's text is taken for a loop
 
 HUB_ID = "zai-org/GLM-ASR-Nano-2512"
 PROMPT = "Please transcribe this audio into text"
@@ -39,6 +42,7 @@ class Segment:
     end: float
     text: str
     tokens: list[int] = field(default_factory=list)     # the decoded token ids
+    temperature: float = 0.0            # the attempt kept (the loop guard's: fallback_settings)
     compression_ratio: float = 0.0      # text bytes / zlib-compressed bytes (Whisper's; loops compress well)
     no_speech_prob: float | None = None     # 1 - the VAD's mean speech probability (None: vad none)
 
@@ -91,29 +95,34 @@ class SpeechRecognizer:
 
     def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *, prompt: str = PROMPT,
                    max_new_tokens: int = 500, audio_stream: int | None = None, vad: str = "silero",
-                   vad_options: dict | VadOptions | None = None, progress=None) -> Transcript:
+                   vad_options: dict | VadOptions | None = None, progress=None,
+                   temperature: float | Sequence[float] = 0.0,
+                   compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Transcript:
         """The transcript of a file (any format the CLI reads; '-' is standard input) or of
         samples ((n,) or (n, channels) at sample_rate: mixed to mono, resampled to 16 kHz).
         vad='silero': one segment per stretch of speech, its times the speech's (silence is not
         decoded); 'none': fixed 30 s windows. vad_options: VadOptions or a dict of its fields.
         Raises ASRError for input that cannot be transcribed. progress: anything with
-        update(seconds) (a tqdm bar), told the audio done window by window."""
+        update(seconds) (a tqdm bar), told the audio done window by window. temperature: one, or
+        the loop guard's list (fallback_settings)."""
         with _one_line():
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
+            guard = fallback_settings(temperature, compression_ratio_threshold)
             if isinstance(audio, np.ndarray):
                 return self._one("<samples>", lambda: _samples(audio, sample_rate), prompt, max_new_tokens, progress,
-                                 options)
+                                 options, guard)
             if sample_rate is not None:
                 raise ValueError("sample_rate is for samples; a file carries its own")
             name = str(audio)
             with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
                 path = stdin_to_file(scratch) if name == "-" else name
                 opened = Audio(path, audio_stream, name=name)
-                return self._one(name, lambda: opened, prompt, max_new_tokens, progress, options)
+                return self._one(name, lambda: opened, prompt, max_new_tokens, progress, options, guard)
 
-    def _one(self, name: str, opener, prompt: str, max_new_tokens: int, progress, vad) -> Transcript:
-        [(_, result, seconds)] = self.transcriber.transcribe_many([(name, opener)], prompt, max_new_tokens, progress, vad)
+    def _one(self, name: str, opener, prompt: str, max_new_tokens: int, progress, vad, guard) -> Transcript:
+        [(_, result, seconds)] = self.transcriber.transcribe_many([(name, opener)], prompt, max_new_tokens, progress, vad,
+                                                                  fallback=guard)
         if isinstance(result, BaseException):
             raise result
         return Transcript(name, [Segment(**s) for s in result], seconds=seconds)
@@ -121,7 +130,8 @@ class SpeechRecognizer:
     def transcribe_many(self, inputs: Iterable[str | Path], *, prompt: str = PROMPT, max_new_tokens: int = 500,
                         audio_stream: int | None = None, vad: str = "silero",
                         vad_options: dict | VadOptions | None = None, progress=None,
-                        ignore_eos: bool = False) -> Iterator[Transcript]:
+                        ignore_eos: bool = False, temperature: float | Sequence[float] = 0.0,
+                        compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Iterator[Transcript]:
         """transcribe of each input, all through one pipeline (windows of different files decode
         together), yielded in order as each completes; an input that cannot be transcribed
         yields a Transcript with .error set, and the others go on. ignore_eos: decode
@@ -130,13 +140,14 @@ class SpeechRecognizer:
         with _one_line():
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
+            guard = fallback_settings(temperature, compression_ratio_threshold)
         with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
             def opener(name: str):
                 return lambda: Audio(stdin_to_file(scratch) if name == "-" else name, audio_stream, name=name)
 
             sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
-                                                                          options, ignore_eos):
+                                                                          options, ignore_eos, fallback=guard):
                 if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)):
                     msg = str(result)
                     yield Transcript(name, error=msg if msg.startswith(name) else f"{name}: {msg}")
@@ -144,6 +155,25 @@ class SpeechRecognizer:
                     raise result
                 else:
                     yield Transcript(name, [Segment(**s) for s in result], seconds=seconds)
+
+
+def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Fallback:
+    """The loop guard (pipeline.Fallback) of a temperature or a list of them (faster-whisper's
+    default list: 0, 0.2, 0.4, 0.6, 0.8, 1.0): a segment whose text's compression ratio is above
+    compression_ratio_threshold is decoded again at the next temperature. One temperature: no
+    guard."""
+    temps = list(temperature) if isinstance(temperature, (list, tuple)) or hasattr(temperature, "__len__") \
+        else [temperature]
+    if not temps:
+        raise ValueError("temperature must be a number or a non-empty list of them")
+    for t in temps:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} or a list of them, "
+                             f"got {t!r}")
+    r = compression_ratio_threshold
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < float("inf"):
+        raise ValueError(f"compression_ratio_threshold must be a finite number > 0, got {r!r}")
+    return Fallback(tuple(float(t) for t in temps), float(r))
 
 
 def vad_settings(vad: str, options) -> VadOptions | None:

@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, Engine, Request, check_length, freeze_heap, generate, \
-    load_tokenizer, using, warm_up
+from tilekernels.runtime import GREEDY, CheckpointError, Engine, Request, Sampling, check_length, freeze_heap, \
+    generate, load_tokenizer, using, warm_up
 from tilekernels.runtime.profile import stage
 
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
@@ -60,10 +60,29 @@ class _File:
     prompts: dict = field(default_factory=dict)     # window index -> its prompt's tokens
     show: bool = False              # whether its segments go to transcribe_many's partial as they come
     shown: int = 0                  # segments handed to partial so far
+    fallback: "Fallback | None" = None      # its loop guard (None: greedy only)
+    temperatures: dict = field(default_factory=dict)    # window index -> the temperature kept
+    attempts: dict = field(default_factory=dict)        # window index -> [(ratio, attempt, tokens)]
 
     @property
     def complete(self) -> bool:
         return self.error is not None or (self.total is not None and len(self.texts) == self.total)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The loop guard, as faster-whisper's: a segment whose text compresses better than
+    compression_ratio_threshold (a decode that repeats itself) is decoded again at the next of
+    temperatures, batched with the other work, its draws seeded by the segment's start time, so
+    that its text is the same in every run; when every attempt compresses that well, the one that
+    compresses least is kept. temperatures (0,) alone: off."""
+    temperatures: tuple[float, ...] = (0.0,)
+    compression_ratio_threshold: float = 2.4
+
+    def draw(self, attempt: int, start_s: float) -> tuple[Sampling, int]:
+        """The sampling of a segment's attempt and the seed of its draws."""
+        t = self.temperatures[attempt]
+        return (GREEDY if t == 0 else Sampling(temperature=t)), int(round(start_s * 1000)) * 16 + attempt
 
 
 def compression_ratio(text: str) -> float:
@@ -76,12 +95,13 @@ class _InFlight:
     """The files in flight, in input order: a file handed back leaves its place (None); `done`
     is the oldest not yet handed back."""
 
-    def __init__(self):
+    def __init__(self, fallback: Fallback | None = None):
         self.files: list[_File | None] = []
         self.done = 0
+        self.fallback = fallback
 
     def add(self, name: str, show: bool) -> int:
-        self.files.append(_File(name, show=show))
+        self.files.append(_File(name, show=show, fallback=self.fallback))
         return len(self.files) - 1
 
     def live(self, index: int) -> bool:
@@ -165,8 +185,8 @@ class Transcriber:
     def transcribe_many(self, sources: Iterable[tuple | None], instruction: str, max_new_tokens: int,
                         progress=None, vad: VadOptions | None = None, ignore_eos: bool = False,
                         in_order: bool = True, dropped: Callable[[str], bool] | None = None,
-                        partial: Callable[[str, dict, int, int], None] | None = None
-                        ) -> Iterator[tuple[str, list[dict] | Exception, float]]:
+                        partial: Callable[[str, dict, int, int], None] | None = None,
+                        fallback: Fallback | None = None) -> Iterator[tuple[str, list[dict] | Exception, float]]:
         """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
         as it and those before it are done (in_order False: as soon as it is done); open() returns
         an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
@@ -175,12 +195,12 @@ class Transcriber:
         dropped(name): whether a file's requester has gone; its reading stops, its windows leave
         the engine, and it ends with Dropped. partial(name, segment, prompt tokens, new tokens):
         each segment of a source given as (name, open, True), as soon as it and those before it
-        are decoded (a stream's text)."""
+        are decoded (a stream's text). fallback: the loop guard (None: greedy only)."""
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
         freeze_heap()       # the model and the kernels compiled so far: out of the collector's full passes
-        e, flight, sources = self.engine, _InFlight(), iter(sources)
+        e, flight, sources = self.engine, _InFlight(fallback), iter(sources)
         readers = Readers(vad, gpu_vad, self.model.config.encoder.num_mel_bins, max(QUEUE, 2 * e.max_batch),
                           flight.live)
         group: list = []
@@ -263,18 +283,40 @@ class Transcriber:
                 self._encode(live, flight.files, instruction, max_new_tokens, ignore_eos)
 
     def _decode_step(self, flight: "_InFlight", progress, partial) -> None:
-        """One engine step; the windows it finished go to their files."""
+        """One engine step; the windows it finished go to their files (or, the loop guard's, back
+        to the engine at the next temperature)."""
         with stage("engine steps"):
             events = self.engine.step()
         for ev in events:
-            index, n, w = ev.request.tag
+            index, n, w, attempt = ev.request.tag
             f = flight.files[index]
-            if ev.finished and f is not None:
-                f.texts[n] = ev.request.out.tokens
-                if progress is not None:
-                    progress.update(w.end_s - w.start_s)
-                if partial is not None and f.show:
-                    self._show(f, partial)
+            if not ev.finished or f is None or self._retried(ev.request, f):
+                continue
+            if progress is not None:
+                progress.update(w.end_s - w.start_s)
+            if partial is not None and f.show:
+                self._show(f, partial)
+
+    def _retried(self, r: Request, f: _File) -> bool:
+        """Keep a finished attempt's tokens as its window's text, or queue the next attempt (the
+        loop guard, Fallback): whether it was queued again."""
+        _, n, w, attempt = r.tag
+        tokens, g = r.out.tokens, f.fallback
+        if g is None or len(g.temperatures) == 1:
+            f.texts[n], f.temperatures[n] = tokens, 0.0 if g is None else g.temperatures[0]
+            return False
+        ratio = compression_ratio(self.tok.decode(tokens, skip_special_tokens=True).strip())
+        tried = f.attempts.setdefault(n, [])
+        tried.append((ratio, attempt, tokens))
+        if ratio > g.compression_ratio_threshold and attempt + 1 < len(g.temperatures):
+            sampling, seed = g.draw(attempt + 1, w.start_s)
+            self.engine.add(Request(r.prompt, r.max_new_tokens, sampling, seed, eos=r.eos, embeds=r.embeds,
+                                    tag=(r.tag[0], n, w, attempt + 1)))
+            return True
+        _, kept, f.texts[n] = tried[-1] if ratio <= g.compression_ratio_threshold else min(tried, key=lambda a: a[:2])
+        f.temperatures[n] = g.temperatures[kept]
+        del f.attempts[n]
+        return False
 
     def _drop(self, flight: "_InFlight", dropped: Callable[[str], bool]) -> None:
         """End the files in flight whose requester has gone: their windows leave the engine."""
@@ -321,8 +363,9 @@ class Transcriber:
                 ids = self.prompt_ids(w.tokens, instruction)
                 files[index].windows.append((n, w.start_s, w.end_s, w.speech))
                 files[index].prompts[n] = len(ids)
-                self.engine.add(Request(ids, max_new_tokens, eos=eos, embeds=m.prompt_embeds(ids, emb[j, :w.tokens]),
-                                        tag=(index, n, w)))
+                sampling, seed = (GREEDY, None) if files[index].fallback is None else files[index].fallback.draw(0, w.start_s)
+                self.engine.add(Request(ids, max_new_tokens, sampling, seed, eos=eos,
+                                        embeds=m.prompt_embeds(ids, emb[j, :w.tokens]), tag=(index, n, w, 0)))
             if xp is not np:
                 self._encoded = xp.cuda.get_current_stream().record()
 
@@ -333,7 +376,7 @@ class Transcriber:
         tokens = [int(t) for t in f.texts[n]]
         text = self.tok.decode(tokens, skip_special_tokens=True).strip()
         return {"start": round(start, 3), "end": round(end, 3), "text": text, "tokens": tokens,
-                "compression_ratio": round(compression_ratio(text), 3),
+                "temperature": f.temperatures.get(n, 0.0), "compression_ratio": round(compression_ratio(text), 3),
                 "no_speech_prob": None if speech is None else round(1.0 - speech, 4)}
 
     def _segments(self, f: _File) -> list[dict]:

@@ -296,7 +296,7 @@ def _verbose_segment(i: int, s: dict) -> dict:
     """A segment in OpenAI's verbose_json shape; no_speech_prob where the VAD cut it (vad none:
     absent), avg_logprob not given (the engine does not return logprobs yet)."""
     out = {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": s["tokens"],
-           "temperature": 0.0, "compression_ratio": s["compression_ratio"]}
+           "temperature": s["temperature"], "compression_ratio": s["compression_ratio"]}
     if s["no_speech_prob"] is not None:
         out["no_speech_prob"] = s["no_speech_prob"]
     return out

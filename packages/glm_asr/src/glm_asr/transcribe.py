@@ -16,11 +16,11 @@ import hydra
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
-from tilekernels.runtime.cli import (Bool, Device, Int, OptInt, OptStr, Precision, Str, config_dir,
+from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptInt, OptStr, Precision, Str, config_dir,
                                      exit_with_one_line_errors, options, profile_at_exit, split_args)
 from tilekernels.runtime.profile import mark
 
-from .api import load
+from .api import fallback_settings, load
 from .audio import expand_inputs
 from .formats import FORMATS, output_names, render, write_atomic
 from .vad import start_workers
@@ -32,7 +32,7 @@ MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "device": Device, 
 # those transcribe and bulk share: the files written
 SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
                   "encoder_batch": Int(min=1)}
-TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool}
+TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool, "compression_ratio_threshold": Float(gt=0)}
 
 
 def run(cfg: DictConfig, args: list[str]) -> int:
@@ -52,6 +52,9 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
+    guard = {"temperature": temperatures(cfg.get("temperature", 0.0)),
+             "compression_ratio_threshold": o["compression_ratio_threshold"]}
+    fallback_settings(**guard)
     device = pick_device(o["device"])
     if readable and device == "cpu":
         start_workers()                               # the VAD's processes start while the model loads
@@ -67,7 +70,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
         results = asr.transcribe_many(files, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"],
                                       audio_stream=o["audio_stream"], vad=o["vad"],
-                                      vad_options=vad, progress=bar)
+                                      vad_options=vad, progress=bar, **guard)
         for name, r in zip(names, results):
             if r.error:
                 print(f"error: {r.error}", file=sys.stderr)
@@ -93,6 +96,21 @@ def run(cfg: DictConfig, args: list[str]) -> int:
               f"{seconds / max(wall, 1e-9):.1f}x real time" + (f"; {failed} failed" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def temperatures(value) -> list:
+    """temperature=0.2 or temperature=[0,0.2,0.4] as a list of numbers (text that reads as one is
+    taken as one; fallback_settings checks the values)."""
+    from omegaconf import ListConfig
+
+    items = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    out = []
+    for v in items:
+        try:
+            out.append(v if isinstance(v, (int, float)) and not isinstance(v, bool) else float(str(v)))
+        except ValueError:
+            raise ValueError(f"temperature must be a number or a list of them, got {v!r}") from None
+    return out
 
 
 def vad_options(value) -> dict:
