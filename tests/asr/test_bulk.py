@@ -16,7 +16,9 @@ from glm_asr.bulk import cli as bulk_cli, worker as bulk_worker
 
 FILES = ["long.flac", "notaudio.wav", "other/speech16k.wav", "quiet.ogg", "six48k.wav", "talk/speech16k.wav"]
 NAMES = ["long.json", "quiet.json", "six48k.json", "speech16k-1.json", "speech16k-2.json"]     # notaudio fails
-COMMON = ["device=cpu", "max_new_tokens=2", "output_format=json"]
+# the loop guard on, with a threshold low enough that some of the tiny model's segments decode again
+COMMON = ["device=cpu", "vad=none", "max_new_tokens=40", "output_format=json", "temperature=[0,0.5,1]",
+          "compression_ratio_threshold=2.0"]
 
 
 def run_module(module, *args, timeout=300):
@@ -45,6 +47,8 @@ def reference(tiny, corpus, tmp_path_factory):
                    f"output_dir={out}")
     assert r.returncode == 1 and "notaudio.wav" in r.stderr, r.stderr
     assert sorted(p.name for p in out.iterdir()) == NAMES
+    kept = {s["temperature"] for p in out.iterdir() for s in json.loads(p.read_text())["segments"]}
+    assert kept - {0.0}, kept          # some segment was decoded again
     return out
 
 
@@ -210,6 +214,8 @@ def test_every_transcribe_option_is_a_bulk_option():
     (["manifest=MANIFEST", "output_dir=OUT", "task_seconds=-1"], "task_seconds must be a finite number >= 0, got -1.0"),
     (["manifest=MANIFEST", "output_dir=OUT", "audio_stream=-1"], "audio_stream must be an integer >= 0, got -1"),
     (["manifest=MANIFEST", "output_dir=OUT", "extensions=[]"], "extensions must name at least one"),
+    (["manifest=MANIFEST", "output_dir=OUT", "temperature=[0,-0.5]"], "temperature must be a number from 0"),
+    (["manifest=MANIFEST", "output_dir=OUT", "compression_ratio_threshold=0"], "compression_ratio_threshold must be"),
 ])
 def test_bad_options_are_refused_before_any_work(overrides, message, corpus, tmp_path):
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
@@ -302,7 +308,7 @@ def worker_with(recognizer, out_dir: Path):
     glm_asr.SpeechRecognizer), its outputs in out_dir; the worker's model and feeds dropped after."""
     job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(out_dir),
            "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
-           "output_format": "txt"}
+           "output_format": "txt", "temperature": [0.0], "compression_ratio_threshold": 2.4}
     bulk_worker._CACHE.clear()
     bulk_worker._CACHE[bulk_worker._model_key(job)] = (recognizer, "cpu")
     try:

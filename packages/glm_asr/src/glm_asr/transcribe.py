@@ -31,8 +31,8 @@ MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "device": Device, 
                  "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")), "max_batch": Int(min=1)}
 # those transcribe and bulk share: the files written
 SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
-                  "encoder_batch": Int(min=1)}
-TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool, "compression_ratio_threshold": Float(gt=0)}
+                  "encoder_batch": Int(min=1), "compression_ratio_threshold": Float(gt=0)}
+TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool}
 
 
 def run(cfg: DictConfig, args: list[str]) -> int:
@@ -52,9 +52,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
-    guard = {"temperature": temperatures(cfg.get("temperature", 0.0)),
-             "compression_ratio_threshold": o["compression_ratio_threshold"]}
-    fallback_settings(**guard)
+    guard = loop_guard(cfg, o)
     device = pick_device(o["device"])
     if readable and device == "cpu":
         start_workers()                               # the VAD's processes start while the model loads
@@ -96,6 +94,15 @@ def run(cfg: DictConfig, args: list[str]) -> int:
               f"{seconds / max(wall, 1e-9):.1f}x real time" + (f"; {failed} failed" if failed else ""),
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def loop_guard(cfg, o: dict) -> dict:
+    """temperature and compression_ratio_threshold as transcribe_many takes them, checked
+    (fallback_settings) before the model loads."""
+    guard = {"temperature": temperatures(cfg.get("temperature", 0.0)),
+             "compression_ratio_threshold": o["compression_ratio_threshold"]}
+    fallback_settings(**guard)
+    return guard
 
 
 def temperatures(value) -> list:

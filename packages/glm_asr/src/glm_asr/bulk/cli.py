@@ -14,7 +14,7 @@ from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit
     split_args
 
 from ..formats import output_names
-from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, vad_options
+from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, loop_guard, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
 from .manifest import plan_tasks, probe_duration, read_manifest
 from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
@@ -45,6 +45,7 @@ def check_options(cfg, inputs: list[str]) -> dict:
         raise ValueError(f"output_dir {o['output_dir']}: exists and is not a directory")
     o["extensions"] = parse_extensions(cfg.get("extensions"))
     o["model"] = {k: cfg.model.get(k) for k in cfg.model}
+    o.update(loop_guard(cfg, o))
     return o
 
 
@@ -106,7 +107,8 @@ def run(cfg, inputs: list[str] = ()) -> int:
     job = {"model": o["model"], "output_dir": str(out_dir), "output_format": o["output_format"],
            "prompt": o["prompt"], "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"],
            "device": o["device"], "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")),
-           "max_batch": o["max_batch"], "encoder_batch": o["encoder_batch"], "precision": o["precision"]}
+           "max_batch": o["max_batch"], "encoder_batch": o["encoder_batch"], "precision": o["precision"],
+           "temperature": o["temperature"], "compression_ratio_threshold": o["compression_ratio_threshold"]}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 
