@@ -162,8 +162,8 @@ def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESS
     default list: 0, 0.2, 0.4, 0.6, 0.8, 1.0): a segment whose text's compression ratio is above
     compression_ratio_threshold is decoded again at the next temperature. One temperature: no
     guard."""
-    temps = list(temperature) if isinstance(temperature, (list, tuple)) or hasattr(temperature, "__len__") \
-        else [temperature]
+    temps = [temperature] if isinstance(temperature, str) or not hasattr(temperature, "__len__") \
+        else list(temperature)
     if not temps:
         raise ValueError("temperature must be a number or a non-empty list of them")
     for t in temps:
