@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 from asr_cli import cli
 
-from glm_asr.pipeline import speech_windows
+from glm_asr.reading import speech_windows
 from glm_asr.vad import STREAM_CHUNK, VadOptions, segment_audio, segments_from_probs, speech_probs, stream_probs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -24,7 +24,7 @@ from tilekernels.runtime.profile import stage
 
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
 from .model import GlmAsr
-from .reading import Readers, VadJob, speech_windows  # noqa: F401 - speech_windows: the pipeline's, for callers
+from .reading import Readers, VadJob
 from .vad import VadOptions, device_probs, start_workers
 
 ENCODER_BATCH = 8          # windows encoded together
