@@ -64,6 +64,52 @@ def test_gpt_completion_equals_cli_and_stream(gpt_server, gpt_ckpt):
     assert [m.id for m in models.data] == ["tiny"]
 
 
+def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
+    """logprobs in OpenAI's completions shape equal the API's (lm.generate(logprobs=), lm.score);
+    echo puts the prompt's first (null, no alternatives); max_tokens 0 scores the prompt alone;
+    a stream carries every token's logprobs once, in order; vLLM's tokenizer endpoints."""
+    import gpt
+
+    lm = gpt.load(str(gpt_ckpt), "cpu")
+    c = gpt_server.client()
+    want = lm.generate("To be", max_new_tokens=6, temperature=0.9, top_k=50, seed=3, logprobs=3)[0]
+    r = c.completions.create(model="tiny", prompt="To be", max_tokens=6, temperature=0.9, seed=3, logprobs=3,
+                             extra_body={"top_k": 50}).choices[0]
+    assert r.text == want.text
+    assert np.allclose(r.logprobs.token_logprobs, [t.logprob for t in want.logprobs], atol=1e-6)
+    assert all(len(top) == 3 and max(top.values()) >= lp - 1e-6
+               for top, lp in zip(r.logprobs.top_logprobs, r.logprobs.token_logprobs))
+    assert "".join(r.logprobs.tokens) == r.text
+    assert r.logprobs.text_offset == [sum(len(t) for t in r.logprobs.tokens[:i]) for i in range(len(r.text and
+                                                                                                     r.logprobs.tokens))]
+    texts = ["To be or not", "to be"]
+    scored = c.completions.create(model="tiny", prompt=texts, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    ref = lm.score(texts, top=1)
+    for choice, prompt, want_lp in zip(sorted(scored.choices, key=lambda ch: ch.index), texts, ref):
+        assert choice.text == prompt and choice.finish_reason == "length"
+        lp = choice.logprobs
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert np.allclose(lp.token_logprobs[1:], [t.logprob for t in want_lp[1:]], atol=1e-6)
+        assert "".join(lp.tokens) == prompt and len(lp.tokens) == len(want_lp)
+    assert scored.usage.completion_tokens == 0
+    streamed = list(c.completions.create(model="tiny", prompt="To be", max_tokens=6, temperature=0.9, seed=3,
+                                         logprobs=3, echo=True, stream=True, extra_body={"top_k": 50}))
+    lps = [x for ch in streamed if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.token_logprobs]
+    assert lps[0] is None and np.allclose(lps[len(lm.encode(["To be"])[0]):], [t.logprob for t in want.logprobs],
+                                          atol=1e-6)
+    status, tok = post(gpt_server.url("/tokenize"), json.dumps({"prompt": "To be"}).encode(),
+                       {"content-type": "application/json"})
+    assert status == 200 and json.loads(tok)["tokens"] == lm.encode(["To be"])[0]
+    status, text = post(gpt_server.url("/detokenize"), json.dumps({"tokens": json.loads(tok)["tokens"]}).encode(),
+                        {"content-type": "application/json"})
+    assert status == 200 and json.loads(text)["prompt"] == "To be"
+    status, bad = post(gpt_server.url("/detokenize"), json.dumps({"tokens": [10 ** 9]}).encode(),
+                       {"content-type": "application/json"})
+    assert status == 400 and bad["error"]["param"] == "tokens"
+    status, info = get(gpt_server.url("/tokenizer_info"))
+    assert status == 200 and json.loads(info)["eos_token"] == "<|endoftext|>"
+
+
 def test_gpt_n_seed_equals_api(gpt_server, gpt_ckpt):
     import gpt
 
@@ -84,7 +130,8 @@ def test_gpt_n_seed_equals_api(gpt_server, gpt_ckpt):
 
 def test_gpt_errors(gpt_server, gpt_locked):
     c = gpt_server.client()
-    for kwargs, status in (({"logprobs": 1}, 400), ({"max_tokens": 1000}, 400), ({"top_p": 2.0}, 400),
+    for kwargs, status in (({"logprobs": 21}, 400), ({"logprobs": -1}, 400), ({"logprobs": "x"}, 400),
+                           ({"max_tokens": 0}, 400), ({"max_tokens": 1000}, 400), ({"top_p": 2.0}, 400),
                            ({"n": 0}, 400), ({"model": "nope"}, 404)):
         args = {"model": "tiny", "prompt": "To be", "max_tokens": 5, **kwargs}
         with pytest.raises(openai.APIStatusError) as e:
@@ -92,6 +139,8 @@ def test_gpt_errors(gpt_server, gpt_locked):
         assert e.value.status_code == status, kwargs
         err = error_of(e.value)
         assert set(err) == {"message", "type", "param", "code"} and err["message"]
+        if status == 400:
+            assert err["param"] == next(iter(kwargs)), (kwargs, err)
     status, body = get(gpt_server.url("/v1/nothing"))
     assert status == 404 and body["error"]["message"]
     status, body = post(gpt_server.url("/v1/completions"), b"{not json", {"content-type": "application/json"})
@@ -168,8 +217,8 @@ def test_gpt_stream_ends_in_one_write():
     async def stream():
         job = EngineJob([])
         req = SimpleNamespace(echo=False, ids=[[1, 2]], n=1, prompt_texts=["ab"], include_usage=True,
-                              prompt_tokens=2)
-        writes = _events(Connected(), job, req, "cmpl-1", 0, "gpt2")
+                              prompt_tokens=2, logprobs=None, max_tokens=2)
+        writes = _events(Connected(), job, req, "cmpl-1", 0, "gpt2", None)
         job.emit([(0, "Hello")])
         first = await writes.__anext__()
         job.emit([(0, " world")])

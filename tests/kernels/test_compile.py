@@ -16,10 +16,10 @@ from importlib import import_module
 from tilekernels._arrays import next_pow2
 
 # the op functions shadow their module names on the package, so import the modules by path
-act, argmax, attention, decode_attn, embedding, linear, lstm, norm, qkv, rope, sampling, softmax, tiling = (
+act, argmax, attention, decode_attn, embedding, linear, logprobs, lstm, norm, qkv, rope, sampling, softmax, tiling = (
     import_module(f"tilekernels.{m}")
-    for m in ("activations", "argmax", "attention", "decode_attention", "embedding", "linear", "lstm", "norm", "qkv",
-              "rope", "sampling", "softmax", "tiling"))
+    for m in ("activations", "argmax", "attention", "decode_attention", "embedding", "linear", "logprobs", "lstm", "norm",
+              "qkv", "rope", "sampling", "softmax", "tiling"))
 
 ARCHS = os.environ.get("TK_ARCHS", "sm_80 sm_90 sm_100 sm_120").split()
 I32, F32 = ScalarConstraint(ct.int32), ScalarConstraint(ct.float32)
@@ -150,6 +150,11 @@ def specializations():
                     [arr(2), arr(1), iarr(1), arr(1), arr(2), iarr(1), u8 if mark else arr(2), i64, i64,
                      iarr(1) if tail else i64, arr(2), arr(2), arr(2), 2 if tail else 1, 1024, tail, tail, tail, tail,
                      arr(1), *span, mark]))
+    for top in (0, 1, logprobs.MAX_TOP):          # log-probabilities: the chosen token's alone, and with alternatives
+        width = next_pow2(max(top, 1))
+        out.append((f"logprobs-top{top}", logprobs.logprobs_kernel,
+                    [arr(2), i64, arr(2), arr(2), arr(3), iarr(3), iarr(1), arr(1), arr(2), arr(2, dtype=ct.int64),
+                     *span, top, width]))
     for c, pos, wt in ((768, True, W32), (2048, False, W16)):      # GPT-2 tokens + positions, GLM decoder tokens
         ids = arr(1, dtype=ct.int64)
         out.append((f"embedding-{c}-pos{pos}-{wt}", embedding.embedding_kernel,

@@ -779,6 +779,36 @@ def test_decode_with_device_length(poisoned, rng):
         assert rel_err(got, ref) <= TF32, n
 
 
+@pytest.mark.parametrize("rows,n,top", [(1, 1, 1), (3, 7, 7), (2, 769, 0), (7, 1281, 5), (64, 50257, 20),
+                                        (1, 59264, 20), (2, 300000, 3)])
+def test_logprobs(poisoned, rng, rows, n, top):
+    """log_softmax at the chosen tokens and the row's top ids against float64, across chunk
+    boundaries, with a tie in two chunks (the smaller id first) and into a decode graph's wider
+    buffers."""
+    import cupy
+
+    from tilekernels.logprobs import logprobs_reference
+
+    x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    if n > 1:
+        x[0, [n - 1, n // 3]] = 40.0
+    tokens = rng.integers(0, n, rows).astype(np.int64)
+    want = logprobs_reference(x, tokens, top)
+    got = tk.logprobs(cupy.asarray(x), cupy.asarray(tokens), top)
+
+    def close(a, b):        # relative to the log-probability's size, near 0 absolute
+        return bool((np.abs(a.get() - b) <= FP32 * (1 + np.abs(b))).all())
+    assert close(got[0], want[0]) and close(got[1], want[1])
+    assert np.array_equal(got[2].get(), want[2])
+    out = (cupy.full(rows, np.nan, cupy.float32), cupy.full((rows, 32), np.nan, cupy.float32),
+           cupy.full((rows, 32), -1, cupy.int64))
+    tk.logprobs(cupy.asarray(x), cupy.asarray(tokens), top, out=out)
+    assert np.array_equal(out[0].get(), got[0].get()) and np.array_equal(out[2][:, :top].get(), want[2])
+    from tilekernels._arrays import last_block_counters
+
+    assert not last_block_counters(rows).any()
+
+
 @pytest.mark.parametrize("rows,n", [(1, 1), (3, 7), (2, 769), (1, 1281), (4, 50257), (1, 59264), (2, 300000)])
 def test_argmax(poisoned, rng, rows, n):
     """First index of the largest value, across chunk boundaries, ties and NaN as numpy."""

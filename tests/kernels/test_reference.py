@@ -176,6 +176,35 @@ def test_sample_step_tail(rng):
     assert all(x[r, ids[r]] >= np.sort(x[r])[-5] for r in range(2))
 
 
+@pytest.mark.parametrize("n", [1, 7, 769, 50257])
+def test_logprobs(rng, n):
+    """log_softmax at the chosen tokens and at the row's largest logits, largest first, ties to
+    the smaller id; out= takes wider top buffers and leaves their extra columns alone."""
+    x = f32(rng, 3, n) * 4
+    tokens = rng.integers(0, n, 3)
+    top = min(5, n)
+    if n > 1:
+        x[2, [n - 1, 0]] = 50.0             # a tie: id 0 comes first
+    chosen, values, ids = tk.logprobs(x, tokens, top)
+    ref = x.astype(np.float64) - np.log(np.exp(x.astype(np.float64)).sum(-1, keepdims=True))
+    assert chosen.dtype == values.dtype == np.float32 and ids.dtype == np.int64 and ids.shape == (3, top)
+    assert np.allclose(chosen, ref[np.arange(3), tokens], rtol=1e-6, atol=1e-6)
+    for r in range(3):
+        want = sorted(range(n), key=lambda i: (-x[r, i], i))[:top]
+        assert ids[r].tolist() == want
+        assert np.allclose(values[r], ref[r, want], rtol=1e-6, atol=1e-6)
+    assert np.allclose(np.exp(ref).sum(-1), 1.0)
+    out = (np.full(3, np.nan, np.float32), np.full((3, 20), 7, np.float32), np.full((3, 20), -1, np.int64))
+    assert tk.logprobs(x, tokens, top, out=out) is out
+    assert np.array_equal(out[0], chosen) and np.array_equal(out[2][:, :top], ids) and (out[2][:, top:] == -1).all()
+    assert tk.logprobs(x, tokens)[1].shape == (3, 0)
+    for bad in (-1, 21, n + 1, 2.0, True):
+        with pytest.raises(ValueError, match="top must be"):
+            tk.logprobs(x, tokens, bad)
+    with pytest.raises(ValueError, match="tokens must be"):
+        tk.logprobs(x, np.full(3, n, np.int64))
+
+
 @pytest.mark.parametrize("n", SIZES + [50257])
 def test_argmax(rng, n):
     x = f32(rng, 3, n)

@@ -44,6 +44,55 @@ def test_greedy_tokens_do_not_depend_on_the_batch(ckpt):
     assert not wide.busy and sorted(wide.runner.slots.free) == list(range(64))
 
 
+def test_logprobs_are_the_raw_models_at_any_batch(ckpt):
+    """Each generated token's and each prompt token's logprob (and alternatives) equal log_softmax
+    of the teacher-forced logits in float64 within 1e-5, whatever the sampling settings, alone
+    and 64 at once; rows that ask for none get none; a prompt of embeddings cannot be scored."""
+    rng = np.random.default_rng(3)
+    model = GPT.load(ckpt)
+    work = workload(rng, 64, model.config.vocab_size, longest=30, most_new=8)
+    kinds = [Sampling(temperature=0.9, top_k=20, repetition_penalty=1.3, logprobs=4, prompt_logprobs=2),
+             Sampling(temperature=0, logprobs=0), Sampling(temperature=0.7)]
+    settings = [kinds[i % 3] for i in range(64)]
+
+    from tilekernels.runtime import requests as make
+
+    many = Engine(model, 64)
+    reqs = [make(many, [work[i][0]], work[i][1], settings[i], i)[0] for i in range(64)]
+    many.add(*reqs)
+    while many.busy:
+        many.step()
+    one = Engine(model, 1)
+    for i in range(0, 64, 7):
+        a = generate(one, [work[i][0]], work[i][1], settings[i], seed=i)[0]
+        assert a.tokens == reqs[i].out.tokens
+        for mine, theirs in ((a.logprobs, reqs[i].out.logprobs), (a.prompt_logprobs, reqs[i].out.prompt_logprobs)):
+            mine, theirs = [t for t in mine or [] if t], [t for t in theirs or [] if t]
+            assert [(t.token, [k for k, _ in t.top]) for t in mine] == [(t.token, [k for k, _ in t.top]) for t in theirs]
+            assert np.allclose([t.logprob for t in mine], [t.logprob for t in theirs], atol=1e-6)
+    for i, r in enumerate(reqs):
+        s, o = settings[i], r.out
+        assert (o.logprobs is None) == (s.logprobs is None) and (o.prompt_logprobs is None) == (s.prompt_logprobs is None)
+        seq = work[i][0] + o.tokens
+        x = model.forward(np.array([seq]), np.arange(len(seq))[None], model.new_cache(1, len(seq)),
+                          last_only=False)[0].astype(np.float64)
+        ref = x - x.max(-1, keepdims=True)
+        ref -= np.log(np.exp(ref).sum(-1, keepdims=True))
+        n = len(work[i][0])
+        places = [(j, t) for j, t in enumerate(o.prompt_logprobs or [])][1:] + \
+            [(n + j, t) for j, t in enumerate(o.logprobs or [])]
+        for j, t in places:
+            assert t.token == seq[j] and abs(t.logprob - ref[j - 1, t.token]) <= 1e-5
+            top = np.argsort(-ref[j - 1], kind="stable")[:len(t.top)]
+            assert [k for k, _ in t.top] == top.tolist()
+            assert np.allclose([v for _, v in t.top], ref[j - 1, top], atol=1e-5)
+        assert all(len(t.top) == s.logprobs for t in o.logprobs or [])
+    with pytest.raises(ValueError, match="prompt_logprobs needs"):
+        many.add(Request([1, 2], 2, Sampling(prompt_logprobs=1), embeds=np.zeros((2, 32), np.float32)))
+    with pytest.raises(ValueError, match="logprobs must be"):
+        Sampling(logprobs=21)
+
+
 def test_a_flow_starts_only_for_rows_that_go_on_past_their_first_token(ckpt):
     """Decode steps are queued before the host has the first tokens: requests ending with their
     first start none; beside others, theirs stay as alone."""

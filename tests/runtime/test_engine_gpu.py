@@ -56,3 +56,51 @@ def test_tokens_do_not_depend_on_the_batch(gpt2_dir, precision):
             assert run(Engine(gpt2, 64, kv_dtype=kv), work, settings, seeds) == alone
     finally:
         set_precision("tf32")
+
+
+def same_scores(a, b, tol=1e-5) -> bool:
+    """The same tokens and alternatives, log-probabilities within tol (a prefill of 64 ragged
+    prompts runs its products in other tiles than one prompt's)."""
+    return len(a) == len(b) and all(x.token == y.token and [i for i, _ in x.top] == [i for i, _ in y.top]
+                                    and abs(x.logprob - y.logprob) <= tol for x, y in zip(a, b))
+
+
+def test_logprobs_equal_transformers_and_do_not_depend_on_the_batch(tmp_path):
+    """Sampled rows' token logprobs (decode graph) and prompt logprobs (scored prefill) at fp32
+    equal log_softmax of transformers' teacher-forced logits within 1e-4, alternatives included,
+    and are the same alone and 64 at once (gpt2's size, transformers' own random init)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from gpt.model import GPT
+    from tilekernels.runtime import generate, set_precision
+
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda().eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    work = workload(1, 64, longest=100, most_new=12)
+    sampling = Sampling(temperature=0.8, top_k=50, logprobs=5, prompt_logprobs=5)
+    set_precision("fp32")
+    try:
+        gpt2 = GPT.load(tmp_path, "gpu")
+        with device_stream(gpt2.xp):
+            many = generate(Engine(gpt2, 64), [p for p, _ in work], 12, sampling, seed=5)
+            one = Engine(gpt2, 1)
+            for i in (63, 17, 0):       # row i draws from [5, i]: alone, row 0's draws are the same
+                alone = generate(one, [work[i][0]], 12, sampling, seed=5)[0]
+                assert len(alone.prompt_logprobs) == len(work[i][0])
+                assert same_scores(alone.prompt_logprobs[1:], many[i].prompt_logprobs[1:])
+            assert alone.tokens == many[0].tokens and same_scores(alone.logprobs, many[0].logprobs)
+    finally:
+        set_precision("tf32")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for (prompt, _), out in list(zip(work, many))[::8]:
+        seq = prompt + out.tokens
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([seq], device="cuda")).logits[0].double(), -1).cpu().numpy()
+        places = out.prompt_logprobs[1:] + out.logprobs
+        for j, t in enumerate(places):
+            assert t.token == seq[j + 1]
+            assert abs(t.logprob - ref[j, t.token]) <= 1e-4
+            top = np.argsort(-ref[j], kind="stable")[:5]
+            assert [i for i, _ in t.top] == top.tolist()
+            assert np.allclose([v for _, v in t.top], ref[j, top], atol=1e-4)

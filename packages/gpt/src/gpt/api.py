@@ -5,6 +5,7 @@
     outs = lm.generate(["ROMEO:", "JULIET:"], max_new_tokens=50, temperature=0.8, seed=1)
     outs[0].text, outs[0].tokens, outs[0].finish_reason
     for piece in lm.stream("ROMEO:", max_new_tokens=50): print(piece, end="")
+    scores = lm.score(["ROMEO: O", "JULIET:"])   # each token's log-probability (the first: None)
     logits = lm.logits([[464, 3290]])           # (B, T, vocab) on the model's device
 """
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from tilekernels.runtime import (MAX_BATCH, CheckpointError, Completion, Engine, Sampling, generate, load_tokenizer,
-                                 pick_device, resolve, text_pieces, using)
+from tilekernels.runtime import (MAX_BATCH, CheckpointError, Completion, Engine, Sampling, TokenLogprob,
+                                 generate, load_tokenizer, pick_device, resolve, text_pieces, using)
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 from tilekernels.runtime.precision import precision as current_precision
 
@@ -56,7 +57,7 @@ def load(model: str = "shakespeare", device: str = "auto", revision: str | None 
 
 
 class LanguageModel:
-    """A loaded model: generate, stream and logits (on one continuous-batching engine, whose KV
+    """A loaded model: generate, stream, score and logits (on one continuous-batching engine, whose KV
     cache and CUDA graphs are kept between calls of the same max_batch)."""
 
     def __init__(self, model: GPT, tokenizer, precision: str | None = None):
@@ -81,16 +82,28 @@ class LanguageModel:
     def generate(self, prompts: str | Sequence[str | Sequence[int]], max_new_tokens: int = 100,
                  temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0,
                  seed: int | None = None, num_samples: int = 1, stop: str | Sequence[str] = (),
-                 max_batch: int = MAX_BATCH) -> list[Completion]:
+                 max_batch: int = MAX_BATCH, logprobs: int | None = None) -> list[Completion]:
         """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
         continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
         temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU; stop: one
         string or several; at most max_batch rows decode at once (each row's tokens are the same
-        whatever else runs beside it)."""
+        whatever else runs beside it). logprobs (0 to 20): .logprobs holds each token's
+        log-probability under the model (whatever the sampling settings) and that many likeliest
+        alternatives (runtime.TokenLogprob)."""
         with _one_line():
             ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                                          num_samples)
+                                          num_samples, logprobs)
             return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
+
+    def score(self, texts: str | Sequence[str | Sequence[int]], top: int = 0,
+              max_batch: int = MAX_BATCH) -> list[list[TokenLogprob | None]]:
+        """Each text's tokens with their log-probabilities given the tokens before them (teacher
+        forced; the first token has none: None) and `top` (0 to 20) likeliest alternatives at
+        each place. Many texts share each prefill (what an evaluation harness asks for)."""
+        with _one_line():
+            ids, _ = self._request(texts, 1, 0, 0, 1.0, 1.0, 1)
+            outs = generate(self.engine(max_batch), ids, 1, Sampling(0, prompt_logprobs=top))
+            return [o.prompt_logprobs for o in outs]
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 100, temperature: float = 0.8,
                top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
@@ -121,10 +134,11 @@ class LanguageModel:
             with using(self.precision):
                 return self.model.forward(xp.asarray(ids), xp.asarray(positions), cache, last_only=False)
 
-    def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples):
+    def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples,
+                 logprobs=None):
         if isinstance(prompts, str):
             prompts = [prompts]
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty))
+        sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty), logprobs)
         return [p for p in self.encode(prompts) for _ in range(num_samples)], sampling

@@ -6,8 +6,12 @@
 
 POST /v1/completions (prompt: a string, a list of them, token ids or a list of those; max_tokens,
 temperature, top_p, top_k and repetition_penalty (extensions), n, stop, seed, stream (server-sent
-events), echo; logprobs, suffix, best_of != n, logit_bias and nonzero presence/frequency penalties
-are refused with 400), GET /v1/models, /health, /metrics. Every option of python -m gpt.generate is
+events), echo, logprobs (0 to 20: each token's log-probability under the model and that many
+alternatives, in OpenAI's completions shape; with echo the prompt's too, and max_tokens 0 scores
+the prompt alone, as lm-evaluation-harness asks); suffix, best_of != n, logit_bias and nonzero
+presence/frequency penalties are refused with 400), GET /v1/models, /health, /metrics, and vLLM's
+POST /tokenize, POST /detokenize, GET /tokenizer_info (what lm-evaluation-harness's
+local-completions model tokenizes with, so it needs no tokenizer of its own). Every option of python -m gpt.generate is
 the default of the matching request field (max_new_tokens -> max_tokens, num_samples -> n).
 Every request's rows join the engine's running batch (EngineWorker): concurrent requests share each
 decode step, and each gets what python -m gpt.generate gives for it (same seeds, the engine's
@@ -28,7 +32,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
-from tilekernels.runtime import GREEDY, Completion, Sampling, check_length, from_model_config, requests, warm_up
+from tilekernels.logprobs import MAX_TOP
+from tilekernels.runtime import (GREEDY, Completion, Sampling, TokenLogprob, check_length, from_model_config, requests,
+                                 warm_up)
 from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options
 
@@ -39,8 +45,7 @@ from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver t
 from .api import GPTError, LanguageModel, load
 from .generate import SHARED_OPTIONS, stop_strings
 
-UNSUPPORTED = {"logprobs": "logprobs are not supported", "suffix": "suffix (insertion) is not supported",
-               "logit_bias": "logit_bias is not supported"}
+UNSUPPORTED = {"suffix": "suffix (insertion) is not supported", "logit_bias": "logit_bias is not supported"}
 MAX_N = 128             # completions a prompt (n)
 MAX_STOPS, MAX_STOP_CHARS = 4, 256      # OpenAI's rule: up to 4 stop strings
 INLINE_BYTES = 1 << 16  # bodies parsed on the event loop; larger ones in a thread
@@ -87,15 +92,20 @@ class CompletionRequest:
             raise APIError(400, "best_of other than n is not supported", "best_of", "unsupported_parameter")
         so = body.get("stream_options") or {}
         self.include_usage = bool(isinstance(so, dict) and so.get("include_usage"))
-        if self.max_tokens < 1:
-            raise APIError(400, f"max_tokens must be >= 1, got {self.max_tokens}", "max_tokens")
+        self.logprobs = get("logprobs", None, int)
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP:
+            raise APIError(400, f"logprobs must be an integer in [0, {MAX_TOP}], got {self.logprobs}", "logprobs")
+        if self.max_tokens < (0 if self.echo else 1):
+            raise APIError(400, f"max_tokens must be >= 1 (0 with echo: the prompt alone), got {self.max_tokens}",
+                           "max_tokens")
         if not 1 <= self.n <= MAX_N:
             raise APIError(400, f"n must be in [1, {MAX_N}], got {self.n}", "n")
         try:
             check_seed(self.seed)
             self.sampling = Sampling(float(get("temperature", defaults["temperature"], float)),
                                      get("top_k", defaults["top_k"], int), float(get("top_p", defaults["top_p"], float)),
-                                     float(get("repetition_penalty", defaults["repetition_penalty"], float)))
+                                     float(get("repetition_penalty", defaults["repetition_penalty"], float)),
+                                     self.logprobs, self.logprobs if self.echo else None)
         except ValueError as e:
             raise APIError(400, str(e), str(e).split()[0]) from None
         if self.sampling.top_k > vocab:
@@ -106,9 +116,11 @@ class CompletionRequest:
         if len(self.prompts) * self.n > max_rows:
             raise APIError(400, f"{len(self.prompts)} prompt(s) x n={self.n} is more than the {max_rows} rows a "
                            f"request may ask (max_rows)", "n" if self.n > 1 else "prompt", "too_many_rows")
+        self.steps = max(self.max_tokens, 1)        # max_tokens 0: the prompt's prefill alone, its token dropped
         with _bad_request():
             ids = lm.encode(self.prompts)
-            check_length(lm.model, max(len(i) for i in ids), self.max_tokens)
+            check_length(lm.model, max(len(i) for i in ids), self.steps)
+        self.prompt_ids = ids
         self.ids = [i for i in ids for _ in range(self.n)]
         self.prompt_texts = [p if isinstance(p, str) else lm.tokenizer.decode(list(p)) for p in self.prompts]
         self.prompt_tokens = sum(len(i) for i in ids)
@@ -196,7 +208,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         except (ValueError, RecursionError):
             raise APIError(400, "the body must be JSON") from None
         req = CompletionRequest(body, defaults, lm, model_id, o["max_rows"])
-        return req, EngineJob(requests(engine, req.ids, req.max_tokens, req.sampling, req.seed, req.stop,
+        return req, EngineJob(requests(engine, req.ids, req.steps, req.sampling, req.seed, req.stop,
                                        lm.tokenizer), loop)
 
     @app.post("/v1/completions")
@@ -208,24 +220,94 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         submit(worker(), job)
         tokens_in.inc(req.prompt_tokens)
         job.future.add_done_callback(
-            lambda f: f.exception() or tokens_out.inc(sum(len(c.tokens) for c in f.result())))
+            lambda f: f.exception() or tokens_out.inc(sum(len(c.tokens) for c in _kept(req, f.result()))))
         if not req.stream:
             try:
-                outs = await wait(request, job)
+                outs = _kept(req, await wait(request, job))
             except ClientGone:
                 return JSONResponse({}, status_code=499)
             except ValueError as e:
                 raise APIError(400, str(e)) from None
             except Exception as e:  # noqa: BLE001 - the engine failed it: a server error, said as such
                 raise APIError(500, str(e)) from None
-            choices = [{"text": (req.prompt_texts[i // req.n] if req.echo else "") + c.text, "index": i,
-                        "logprobs": None, "finish_reason": c.finish_reason} for i, c in enumerate(outs)]
+            choices = []
+            for i, c in enumerate(outs):
+                head = req.prompt_texts[i // req.n] if req.echo else ""
+                lp = None
+                if req.logprobs is not None:
+                    lp = _logprobs(lm.tokenizer, (_prompt_places(req, i, c) if req.echo else [])
+                                   + list(zip(c.tokens, c.logprobs or [])))
+                choices.append({"text": head + c.text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason})
             return {"id": rid, "object": "text_completion", "created": created, "model": model_id,
                     "choices": choices, "usage": _usage(req, outs)}
-        return StreamingResponse(_events(request, job, req, rid, created, model_id), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        return StreamingResponse(_events(request, job, req, rid, created, model_id, lm.tokenizer),
+                                 media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = _json_object(await read_body(request, max_bytes, "max_request_mb"))
+        text = body.get("prompt")
+        if not isinstance(text, str):
+            raise APIError(400, "prompt must be a string", "prompt")
+        ids = lm.tokenizer.encode(_utf8("prompt", text)).ids
+        return {"tokens": ids, "count": len(ids), "max_model_len": lm.model.max_positions}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = _json_object(await read_body(request, max_bytes, "max_request_mb"))
+        ids = body.get("tokens")
+        vocab = lm.model.config.vocab_size
+        if (not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+                or not all(0 <= t < vocab for t in ids)):
+            raise APIError(400, f"tokens must be a list of token ids in [0, {vocab})", "tokens")
+        return {"prompt": lm.tokenizer.decode(ids)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        eos = lm.tokenizer.id_to_token(lm.model.config.eos_token_id)
+        return {"eos_token": eos, "bos_token": eos, "pad_token": None, "model_max_length": lm.model.max_positions,
+                "tokenizer_class": "GPT2TokenizerFast"}
 
     return app, o
+
+
+def _json_object(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise APIError(400, "the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the body must be a JSON object")
+    return body
+
+
+def _kept(req: CompletionRequest, outs: list[Completion]) -> list[Completion]:
+    """The completions as asked: with max_tokens 0 the token the prefill chose is dropped."""
+    if req.max_tokens:
+        return outs
+    return [Completion(finish_reason="length", logprobs=[] if c.logprobs is not None else None,
+                       prompt_logprobs=c.prompt_logprobs) for c in outs]
+
+
+def _prompt_places(req: CompletionRequest, row: int, c: Completion) -> list[tuple[int, TokenLogprob | None]]:
+    """(token id, its TokenLogprob or None) for each prompt token of row `row` (echo)."""
+    ids = req.prompt_ids[row // req.n]
+    return list(zip(ids, c.prompt_logprobs or [None] * len(ids)))
+
+
+def _logprobs(tokenizer, places: list[tuple[int, TokenLogprob | None]], offset: int = 0) -> dict:
+    """OpenAI's completions logprobs object for (token id, TokenLogprob or None) places: each
+    token's text, log-probability (null where there is none: an echoed prompt's first token),
+    its alternatives {text: log-probability} and its character offset in the choice's text."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, lp in places:
+        text = tokenizer.decode([token])
+        out["tokens"].append(text)
+        out["token_logprobs"].append(None if lp is None else lp.logprob)
+        out["top_logprobs"].append(None if lp is None else {tokenizer.decode([t]): v for t, v in lp.top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
 
 
 def _usage(req: CompletionRequest, outs: list[Completion]) -> dict:
@@ -233,23 +315,41 @@ def _usage(req: CompletionRequest, outs: list[Completion]) -> dict:
     return {"prompt_tokens": req.prompt_tokens, "completion_tokens": done, "total_tokens": req.prompt_tokens + done}
 
 
-async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, created: int, model_id: str):
+async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, created: int, model_id: str,
+                  tokenizer):
     """Server-sent events in OpenAI's shape: text chunks, a last chunk per choice with its
     finish_reason, (usage when stream_options.include_usage), then data: [DONE]. A client that
-    goes away cancels the job."""
-    def chunk(index: int, text: str, finish=None) -> str:
+    goes away cancels the job. With logprobs each chunk carries those of the tokens generated
+    since the row's last chunk (a token whose text is held back, maybe part of a stop string,
+    may come before its text)."""
+    sent = [0] * len(req.ids)      # tokens of each row whose logprobs have gone out
+    at = [0] * len(req.ids)        # their text's length, the next text_offset
+
+    def scores(index: int, upto: int | None = None) -> dict | None:
+        if req.logprobs is None:
+            return None
+        c = job.requests[index].out
+        if not req.max_tokens:
+            return _logprobs(tokenizer, [])
+        have = list(zip(c.tokens, c.logprobs or []))[sent[index]:upto]
+        lp = _logprobs(tokenizer, have, at[index])
+        sent[index] += len(have)
+        at[index] += sum(len(t) for t in lp["tokens"])
+        return lp
+
+    def chunk(index: int, text: str, finish=None, logprobs=None) -> str:
         return "data: " + json.dumps({"id": rid, "object": "text_completion", "created": created, "model": model_id,
-                                      "choices": [{"text": text, "index": index, "logprobs": None,
+                                      "choices": [{"text": text, "index": index, "logprobs": logprobs,
                                                    "finish_reason": finish}]}, ensure_ascii=False) + "\n\n"
 
     def ending() -> str:
         """The chunks after the last text: finish_reason per choice, usage, [DONE] (or the error)."""
         try:
-            outs = job.future.result()
+            outs = _kept(req, job.future.result())
         except Exception as e:  # noqa: BLE001 - the headers are gone: report it in the stream
             return "data: " + json.dumps({"error": {"message": str(e), "type": "invalid_request_error",
                                                     "param": None, "code": None}}) + "\n\ndata: [DONE]\n\n"
-        tail = [chunk(i, "", c.finish_reason) for i, c in enumerate(outs)]
+        tail = [chunk(i, "", c.finish_reason, scores(i)) for i, c in enumerate(outs)]
         if req.include_usage:
             tail.append("data: " + json.dumps({"id": rid, "object": "text_completion", "created": created,
                                                "model": model_id, "choices": [], "usage": _usage(req, outs)}) + "\n\n")
@@ -258,7 +358,20 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
     job.future.add_done_callback(lambda _: job.emit(None))     # after the last pieces: the end
     try:
         if req.echo:
-            yield "".join(chunk(i, req.prompt_texts[i // req.n]) for i in range(len(req.ids)))
+            prompt_scores = None
+            if req.logprobs is not None:    # the prompt's logprobs come with the first token's
+                while not job.future.done() and not all(r.out.prompt_logprobs is not None or r.finished
+                                                        for r in job.requests):
+                    await asyncio.sleep(0.005)
+                if job.future.done() and job.future.exception() is not None:
+                    prompt_scores = [None] * len(req.ids)
+                else:
+                    prompt_scores = [_logprobs(tokenizer, _prompt_places(req, i, r.out))
+                                     for i, r in enumerate(job.requests)]
+                    for i, lp in enumerate(prompt_scores):
+                        at[i] = sum(len(t) for t in lp["tokens"])
+            yield "".join(chunk(i, req.prompt_texts[i // req.n], None, prompt_scores and prompt_scores[i])
+                          for i in range(len(req.ids)))
         ended = False
         while not ended:
             try:
@@ -276,7 +389,9 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
                 pieces += more or []
             # the last pieces and the ending in one write too: a wave of streams ending together
             # is that many sends fewer on the event loop
-            yield "".join(chunk(row, piece) for row, piece in pieces) + (ending() if ended else "")
+            if not req.max_tokens:      # the prefill's token is dropped, and its text
+                pieces = []
+            yield "".join(chunk(row, piece, None, scores(row)) for row, piece in pieces) + (ending() if ended else "")
     finally:
         if not job.future.done():
             job.cancel()

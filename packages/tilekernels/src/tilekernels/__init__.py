@@ -12,6 +12,7 @@ from .decode_attention import decode_attention
 from .conv1d import conv1d
 from .embedding import embedding
 from .linear import linear
+from .logprobs import logprobs
 from .lstm import lstm
 from .norm import LayerNorm, RMSNorm, fold_norm, layernorm, rmsnorm
 from .qkv import split_qkv
@@ -26,5 +27,5 @@ __all__ = [
     "Block", "LayerNorm", "RMSNorm", "dependent_launch", "full_wait_next", "set_dependent_launch", "get_matmul_precision", "matmul_precision",
     "set_matmul_precision", "argmax", "array_module", "attention", "compact", "conv1d", "decode_attention", "embedding", "fold_norm", "gelu",
     "is_device",
-    "layernorm", "linear", "lstm", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "stack_rows", "swiglu", "widen",
+    "layernorm", "linear", "logprobs", "lstm", "rmsnorm", "rope", "rope_cos_sin", "sample", "silu", "softmax", "split_qkv", "stack_rows", "swiglu", "widen",
 ]

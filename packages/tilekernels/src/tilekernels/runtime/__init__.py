@@ -18,7 +18,7 @@ from .precision import PRECISIONS, precision, set_precision, using
 from .protocol import DecoderModel
 from .runner import ModelRunner
 from .sampler import GREEDY, Sampler, Sampling
-from .sequence import Completion, Request
+from .sequence import Completion, Request, TokenLogprob
 from .tokenizer import TextStream, load_tokenizer
 
 __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion", "DecodeGraph", "DecoderModel",
@@ -26,4 +26,4 @@ __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion",
            "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate",
            "gpu_problem", "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer",
            "move_weights", "pick_device", "precision", "read_config", "requests", "resolve", "set_precision", "take",
-           "text_pieces", "using", "warm_up"]
+           "TokenLogprob", "text_pieces", "using", "warm_up"]

@@ -42,6 +42,11 @@ class Event:
     finished: bool
 
 
+def at(scores: tuple | None, index) -> tuple | None:
+    """One place's scores (chosen, top values, top ids) of a step's or prefill's arrays."""
+    return None if scores is None else tuple(a[index] for a in scores)
+
+
 def check_length(model, longest: int, max_new_tokens: int) -> None:
     """Refuse a request the model's positions cannot hold (before any work or output)."""
     if max_new_tokens < 1:
@@ -92,8 +97,14 @@ class Engine:
             raise ValueError("empty prompt: give at least one token")
         if not 0 <= min(prompt) <= max(prompt) < vocab:
             raise ValueError(f"token ids must be in [0, {vocab}), got {min(prompt)}..{max(prompt)}")
-        if not isinstance(request.sampling, Sampling) or request.sampling.top_k > vocab:
-            raise ValueError(f"top_k must be in [0, {vocab}] (the vocabulary), got {request.sampling.top_k}")
+        s = request.sampling
+        if not isinstance(s, Sampling) or s.top_k > vocab:
+            raise ValueError(f"top_k must be in [0, {vocab}] (the vocabulary), got {s.top_k}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if (getattr(s, name) or 0) > vocab:
+                raise ValueError(f"{name} must be in [0, {vocab}] (the vocabulary), got {getattr(s, name)}")
+        if request.embeds is not None and request.sampling.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs needs a prompt of token ids, not embeddings")
         if request.embeds is not None and request.embeds.shape[0] != len(prompt):
             raise ValueError(f"embeds hold {request.embeds.shape[0]} positions for {len(prompt)} prompt tokens")
         check_length(self.model, len(prompt), request.max_new_tokens)
@@ -152,8 +163,11 @@ class Engine:
                 if s.running:       # queued before the host has the first tokens: no gap on the GPU
                     self._start_flow(admitted, first)
                 if admitted:
-                    for r, tok in zip(admitted, first.host()):
-                        events.append(self._push(r, int(tok)))
+                    tokens, scores, prompt_scores = first.host()
+                    for i, (r, tok) in enumerate(zip(admitted, tokens)):
+                        if r.sampling.prompt_logprobs is not None:
+                            r.score_prompt(at(prompt_scores, i))
+                        events.append(self._push(r, int(tok), at(scores, i)))
             if self.flow is not None:
                 events += self._fold()
         return events
@@ -163,11 +177,13 @@ class Engine:
         replay after it meanwhile, if one is queued); the flow ends with its last replay."""
         final = self.flow.stopped       # asked for no further replay: none is queued after this one
         chunk = next(self.flow)
-        self.flow_left -= len(chunk)
+        n = len(chunk.tokens)
+        self.flow_left -= n
         live = [(slot, r) for slot, r in self.flow_rows.items() if self._runs(slot, r)]
         for slot, _ in live:
-            self.runner.slots.length[slot] += len(chunk)
-        events = [self._push(r, int(tokens[slot])) for tokens in chunk for slot, r in live if not r.finished]
+            self.runner.slots.length[slot] += n
+        events = [self._push(r, int(tokens[slot]), at(chunk.scores, (i, slot)))
+                  for i, tokens in enumerate(chunk.tokens) for slot, r in live if not r.finished]
         if final or self.flow_left <= 0:
             self._end_flow()
         return events
@@ -195,9 +211,9 @@ class Engine:
         """Drop the flow (a replay it queued may still run: the next one's start waits for it)."""
         self.flow, self.flow_rows, self.flow_left = None, {}, 0
 
-    def _push(self, r: Request, token: int) -> Event:
+    def _push(self, r: Request, token: int, score: tuple | None = None) -> Event:
         try:
-            piece = r.push(token)
+            piece = r.push(token, score)
         except Exception as e:      # noqa: BLE001 - its own text or stop strings failed: it alone ends
             r.error, piece = e.with_traceback(None), ""     # no cycle through this step's frames
         if r.finished:

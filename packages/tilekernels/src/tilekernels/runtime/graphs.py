@@ -13,11 +13,12 @@ the graph writes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from .. import embedding, full_wait_next, get_matmul_precision
+from ..logprobs import MAX_TOP
 from .kvcache import KVCache
 from .profile import stage
 from .sampler import GREEDY, Sampler
@@ -32,17 +33,25 @@ def step_input(ids, positions, table, pos_table):
     return embedding(ids, table, None if pos_table is None else positions, pos_table)
 
 
+class Chunk(NamedTuple):
+    """n decode steps' tokens (n, B) and, when the steps score their tokens, the scores
+    (chosen (n, B), top values (n, B, MAX_TOP), top ids (n, B, MAX_TOP): Sampler.scores)."""
+    tokens: np.ndarray
+    scores: tuple | None = None
+
+
 @dataclass
 class Replay:
     """A captured graph of n decode steps, the logits of its last step (kept: the graph writes
-    them), the pinned host array (n, B) its last node copies the steps' tokens into and, when
-    its steps draw, the pinned (n, B) uniforms its first node copies to the device."""
+    them), the pinned host arrays its last nodes copy the steps' tokens (n, B) and scores into
+    and, when its steps draw, the pinned (n, B) uniforms its first node copies to the device."""
     graph: object
     logits: object
     tokens: np.ndarray
     uniforms: np.ndarray | None
-    device: tuple = ()      # the device arrays the graph writes its tokens and reads its uniforms from,
-                            # held as long as the graph: dropped, their memory went to other arrays
+    scores: tuple | None = None
+    device: tuple = ()      # the device arrays the graph writes its tokens and scores and reads its uniforms
+                            # from, held as long as the graph: dropped, their memory went to other arrays
 
     @property
     def n(self) -> int:
@@ -101,15 +110,17 @@ class DecodeGraph:
         self.single[0].graph.launch(stream)
         stream.synchronize()
 
-    def _step(self, step: Callable, p: int, tokens, uniforms):
+    def _step(self, step: Callable, p: int, tokens, uniforms, scores: tuple | None):
         """One step from x[p]: its logits; the sampler's choice into tokens (B,) and, embedded,
-        into x[1 - p]. Its first kernel starts once the step before has finished: kernels read
-        earlier steps' cached keys before their dependency wait."""
+        into x[1 - p]; their scores into scores (when the sampler's mode asks). Its first kernel
+        starts once the step before has finished: kernels read earlier steps' cached keys before
+        their dependency wait."""
         full_wait_next()
         logits = step(self.x[p])
         nxt = self.x[1 - p]
         self.sampler(logits, uniforms, out=tokens, positions=self.positions, counters=self.cache.span,
                      embed=(self.table, self.pos_table, nxt.reshape(nxt.shape[0], -1)))
+        self.sampler.scores(logits, tokens, scores)
         return logits
 
     def _capture(self, step: Callable, p: int, n: int) -> Replay:
@@ -117,27 +128,35 @@ class DecodeGraph:
         import cupyx
 
         stream = cupy.cuda.get_current_stream()
-        tokens = cupy.zeros((n, self.x[0].shape[0]), cupy.int64)
-        host = cupyx.empty_pinned(tokens.shape, np.int64)
+        b = self.x[0].shape[0]
+        tokens = cupy.zeros((n, b), cupy.int64)
         draws = self.sampler.draws
         u = cupy.zeros(tokens.shape, cupy.float32) if draws else [None] * n
         u_host = cupyx.zeros_pinned(tokens.shape, np.float32) if draws else None
+        scores = ((cupy.zeros((n, b), cupy.float32), cupy.zeros((n, b, MAX_TOP), cupy.float32),
+                   cupy.zeros((n, b, MAX_TOP), cupy.int64)) if self.sampler.mode.logprobs else None)
+        outputs = (tokens, *(scores or ()))
+        hosts = [cupyx.empty_pinned(a.shape, a.dtype) for a in outputs]
+
+        def step_scores(i):
+            return None if scores is None else tuple(a[i] for a in scores)
         with cupy.cuda.using_allocator(self.pool.malloc):
             self.positions.set(self.at)
             self.cache.begin(1)
-            self._step(step, p, tokens[0], u[0])        # compiles kernels, fills the pool
+            self._step(step, p, tokens[0], u[0], step_scores(0))        # compiles kernels, fills the pool
             self.cache.begin(1)
             stream.begin_capture()
             if draws:
                 cupy.cuda.runtime.memcpyAsync(u.data.ptr, u_host.ctypes.data, u.nbytes,
                                               cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
             for i in range(n):
-                logits = self._step(step, (p + i) % 2, tokens[i], u[i])
-            cupy.cuda.runtime.memcpyAsync(host.ctypes.data, tokens.data.ptr, tokens.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+                logits = self._step(step, (p + i) % 2, tokens[i], u[i], step_scores(i))
+            for host, a in zip(hosts, outputs):
+                cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
+                                              cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             graph = stream.end_capture()
         graph.upload(stream)        # not in the first replay's time
-        return Replay(graph, logits, host, u_host, (tokens, u))
+        return Replay(graph, logits, hosts[0], u_host, tuple(hosts[1:]) or None, (outputs, u))
 
     def _seed(self, ids, positions: np.ndarray) -> None:
         """The next step's input (x[0]) from token ids (host or device) and host positions; the
@@ -165,7 +184,7 @@ class DecodeGraph:
 
     def chunks(self, ids, positions: np.ndarray, steps: int) -> Pipelined:
         """The tokens the sampler picks in `steps` steps from ids (B,; host or device) at
-        positions (host), a replay at a time: (n, B) arrays, as chunk_sizes cuts them.
+        positions (host), a replay at a time: Chunks of n steps, as chunk_sizes cuts them.
 
         The first replay is queued now, each further one before the host waits for the one
         before it. Once stopped (Pipelined.stop), the replay already queued is still handed out
@@ -183,16 +202,16 @@ class DecodeGraph:
             replays.append(self.chains[chains % 2] if n == CHAIN else self.single[singles % 2])
             chains, singles = chains + (n == CHAIN), singles + (n == 1)
 
-        def collect(launched):
+        def collect(launched) -> Chunk:
             replay, ready = launched
             ready.synchronize()
-            return replay.tokens.copy()
+            return Chunk(replay.tokens.copy(), None if replay.scores is None else tuple(a.copy() for a in replay.scores))
         return Pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect)
 
     def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
         """chunks' tokens a step at a time: (B,) arrays."""
         for chunk in self.chunks(ids, positions, steps):
-            yield from chunk
+            yield from chunk.tokens
 
 
 def chunk_sizes(steps: int) -> list[int]:

@@ -20,6 +20,7 @@ class KVCache:
     lengths (B,) int64: set for the engine's slots (slots.py), each row's keys cached at
     [0, lengths[b]); a decode step stores row b's new key at lengths[b] and the span is unused.
     last (B,) int: set for a right-padded prompt batch, each row's last real token (final).
+    every: final keeps every position (a prefill that scores its prompts' tokens).
     """
     k: object
     v: object
@@ -29,6 +30,7 @@ class KVCache:
     length: int = 0          # positions filled so far
     lengths: object = None
     last: object = None
+    every: bool = False
 
     @classmethod
     def allocate(cls, xp, layers: int, batch: int, heads: int, length: int, head_dim: int,
@@ -83,8 +85,10 @@ class KVCache:
 
     def final(self, x):
         """The hidden state (B, C) each row's next token is predicted from, of x (B, T, C): its
-        last column, or column last[b] of a right-padded prompt batch."""
+        last column, or column last[b] of a right-padded prompt batch; all of x when every."""
         xp = tk.array_module(x)
+        if self.every:
+            return x
         if self.last is None:
             return xp.ascontiguousarray(x[:, -1])
         return x[xp.arange(x.shape[0]), self.last]

@@ -11,7 +11,10 @@ from typing import Callable
 
 import numpy as np
 
-from .graphs import DecodeGraph, Pipelined, ShapeGraphs, chunk_sizes, step_input
+import tilekernels as tk
+from tilekernels.logprobs import MAX_TOP
+
+from .graphs import Chunk, DecodeGraph, Pipelined, ShapeGraphs, chunk_sizes, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
 from .sampler import Mode, Sampler
@@ -32,15 +35,16 @@ class PlainDecoder:
     def chunks(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Pipelined:
         at = {"ids": np.asarray(ids).reshape(-1, 1), "pos": np.asarray(positions).reshape(-1, 1)}
 
-        def run(n: int) -> np.ndarray:
-            out = []
+        def run(n: int) -> Chunk:
+            out, scores = [], []
             for _ in range(n):
                 self.cache.begin(1)
                 self.cache.lengths[...] = at["pos"][:, 0]
                 logits = self.step(step_input(at["ids"], at["pos"], self.table, self.pos_table))
                 out.append(self.sampler.pick(logits))
+                scores.append(self.sampler.scores(logits, out[-1]))
                 at["ids"], at["pos"] = out[-1].reshape(-1, 1), at["pos"] + 1
-            return np.array(out)
+            return Chunk(np.array(out), None if scores[0] is None else tuple(map(np.stack, zip(*scores))))
         return Pipelined([lambda n=n: run(n) for n in chunk_sizes(steps)], lambda out: out)
 
 
@@ -102,13 +106,34 @@ class ModelRunner:
         view.last[...] = xp.asarray(ends - 1)
         view.length = 0
         view.begin(width)
-        logits = (graph if graph is not None and rows * width <= GRAPHED_PREFILL else step)(x)
+        scored = None
+        if any(r.sampling.prompt_logprobs is not None for r in requests):
+            view.every = True           # every position's logits, eagerly (no graph keeps them)
+            try:
+                logits = step(x)
+            finally:
+                view.every = False
+            scored = self._prompt_scores(requests, logits)
+            logits = logits[xp.arange(rows), xp.asarray(ends - 1)]
+        else:
+            logits = (graph if graph is not None and rows * width <= GRAPHED_PREFILL else step)(x)
         for i, r in enumerate(requests):
             n = len(r.prompt)
             for src, dst in zip(stage.raw(), slots.cache.raw()):
                 dst[:, r.slot, :, :n] = src[:, i, :, :n]
             slots.length[r.slot] = n
-        return self._first_tokens(requests, logits[:len(requests)])
+        return self._first_tokens(requests, logits[:len(requests)], scored)
+
+    def _prompt_scores(self, requests: list[Request], logits) -> tuple:
+        """Scores (sampler.scores' arrays, on the device) of every prompt position's next
+        prompt token under logits (rows, width, V): (rows, width) and (rows, width, MAX_TOP)
+        (one launch over all positions: columns past a prompt's end score a stand-in token)."""
+        rows, width, vocab = logits.shape
+        nxt = np.zeros((rows, width), np.int64)
+        for i, r in enumerate(requests):
+            nxt[i, :len(r.prompt) - 1] = r.prompt[1:]
+        flat = tk.logprobs(logits.reshape(rows * width, vocab), self.xp.asarray(nxt.reshape(-1)), min(MAX_TOP, vocab))
+        return tuple(a.reshape(rows, width, *a.shape[1:]) for a in flat)
 
     def _inputs(self, requests: list[Request], ends: np.ndarray, width: int, rows: int):
         """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i])."""
@@ -124,12 +149,13 @@ class ModelRunner:
         positions = np.minimum(np.arange(width)[None, :], ends[:, None] - 1)
         return m.embed(xp.asarray(ids), xp.asarray(positions))
 
-    def _first_tokens(self, requests: list[Request], logits) -> "FirstTokens":
-        """Each request's first token, drawn with its own generator; its row of the sampler
-        (settings, repetition mask, generator) set up for the decode steps."""
+    def _first_tokens(self, requests: list[Request], logits, prompt_scores: tuple | None = None) -> "FirstTokens":
+        """Each request's first token, drawn with its own generator, and its scores; its row of
+        the sampler (settings, repetition mask, generator) set up for the decode steps."""
         for r in requests:
             self.sampler.set_row(r.slot, r.sampling, r.prompt, r.rng)
-        return FirstTokens(self.sampler.pick_rows(logits, [r.slot for r in requests]))
+        tokens, scores = self.sampler.pick_rows(logits, [r.slot for r in requests])
+        return FirstTokens(tokens, scores, prompt_scores)
 
     def release(self, slot: int) -> None:
         """A slot left free: its row greedy again (a free row changes no batch's mode)."""
@@ -176,25 +202,37 @@ class ModelRunner:
 
 
 class FirstTokens:
-    """A prefill's first tokens on the device, and on the host (host(): a copy queued behind the
-    pick, waited for alone, not behind the decode steps queued after it)."""
+    """A prefill's first tokens on the device, and on the host with their scores and the
+    prompts' (host(): (tokens, scores, prompt scores), copies queued behind the pick, waited for
+    alone, not behind the decode steps queued after it; scores None where none was asked)."""
 
-    def __init__(self, device):
+    def __init__(self, device, scores: tuple | None = None, prompt_scores: tuple | None = None):
         self.device = device
+        self._host = (device, scores, prompt_scores)
+        self._ready = None
         if isinstance(device, np.ndarray):
-            self._host, self._ready = device, None
             return
         import cupy
-        import cupyx
 
-        self._host = cupyx.empty_pinned(device.shape, np.int64)
         stream = cupy.cuda.get_current_stream()
-        cupy.cuda.runtime.memcpyAsync(self._host.ctypes.data, device.data.ptr, device.nbytes,
-                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self._host = (to_host(device, stream), *(None if s is None else tuple(to_host(a, stream) for a in s)
+                                                 for s in (scores, prompt_scores)))
         self._ready = stream.record()
 
-    def host(self) -> np.ndarray:
+    def host(self) -> tuple:
         if self._ready is not None:
             self._ready.synchronize()
             self._ready = None
         return self._host
+
+
+def to_host(a, stream) -> np.ndarray:
+    """A pinned host copy of device array a, queued on stream (valid once the stream gets there)."""
+    import cupy
+    import cupyx
+
+    a = cupy.ascontiguousarray(a)
+    host = cupyx.empty_pinned(a.shape, a.dtype)
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  stream.ptr)
+    return host

@@ -1,7 +1,9 @@
 """Choosing the next token from logits, as HF generate does: repetition penalty, then
 temperature, top-k and top-p, then a draw (or the argmax when temperature is 0), with
 tilekernels' sample op on whichever device holds the logits. Every row of a batch has settings
-of its own, so greedy and sampled requests decode side by side."""
+of its own, so greedy and sampled requests decode side by side. A row that asks for logprobs
+also gets its token's log-probability under the raw logits and the MAX_TOP likeliest tokens'
+(tilekernels' logprobs op, in the same step)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 import tilekernels as tk
+from tilekernels.logprobs import MAX_TOP
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -25,6 +28,8 @@ class Sampling:
     top_k: int = 0                # 0 means off
     top_p: float = 1.0
     repetition_penalty: float = 1.0
+    logprobs: int | None = None         # each new token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (its first has none)
 
     def __post_init__(self):
         if not 0 <= self.temperature <= MAX_TEMPERATURE:      # NaN fails every comparison
@@ -35,6 +40,10 @@ class Sampling:
             raise ValueError(f"top_k must be in [0, {INT32_MAX}], got {self.top_k}")
         if not 0 < self.repetition_penalty <= MAX_PENALTY:
             raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], got {self.repetition_penalty}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_TOP):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_TOP}], got {v!r}")
 
 
 def check_seed(seed) -> None:
@@ -49,15 +58,18 @@ GREEDY = Sampling(temperature=0)
 
 class Mode(NamedTuple):
     """Which parts of the op a batch's rows need: a draw (some row samples), each filter's
-    search, the penalty. A captured decode graph runs one mode; all False is one argmax."""
+    search, the penalty, and whether some row asks for logprobs. A captured decode graph runs
+    one mode; all False is one argmax."""
     draws: bool
     top_k: bool
     top_p: bool
     penalty: bool
+    logprobs: bool = False
 
 
 _FIELDS = (("temperature", np.float32, 0.0), ("top_k", np.int32, 0), ("top_p", np.float32, 1.0),
            ("penalty", np.float32, 1.0))
+NO_LOGPROBS = -1
 
 
 class Sampler:
@@ -76,6 +88,7 @@ class Sampler:
         self.host = {name: np.full(batch, default, dt) for name, dt, default in _FIELDS}
         self.dev = {name: xp.asarray(a) for name, a in self.host.items()}   # numpy: the host arrays themselves
         self.stale = False      # whether dev lags host (set_row writes the host only: sync())
+        self.logprobs = np.full(batch, NO_LOGPROBS, np.int32)     # each row's alternatives (host only)
         self.rngs: list = [None] * batch
         self.seen = None
         self.fixed: Mode | None = None
@@ -93,6 +106,7 @@ class Sampler:
         for (name, _, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty)):
             o.host[name][row] = v
         o.stale = o.xp is not np
+        o.logprobs[row] = NO_LOGPROBS if s.logprobs is None else s.logprobs
         o.rngs[row] = rng
         if s.repetition_penalty != 1 and o.seen is None:
             o.seen = o.xp.zeros((o.batch, o.vocab), np.uint8)
@@ -121,9 +135,9 @@ class Sampler:
             self.set_row(b, self.settings(b), ids, np.random.default_rng(None if seed is None else [seed, b]))
 
     def settings(self, row: int) -> Sampling:
-        h = self.owner.host
+        h, lp = self.owner.host, int(self.owner.logprobs[row])
         return Sampling(float(h["temperature"][row]), int(h["top_k"][row]), float(h["top_p"][row]),
-                        float(h["penalty"][row]))
+                        float(h["penalty"][row]), None if lp == NO_LOGPROBS else lp)
 
     def mode_of(self, rows: Sequence[int]) -> Mode:
         """The mode the given rows need."""
@@ -131,7 +145,8 @@ class Sampler:
         t, k, p, pen = (h[name][rows] for name, _, _ in _FIELDS)
         draws = t > 0
         return Mode(bool(draws.any()), bool((draws & (k > 0) & (k < self.vocab)).any()),
-                    bool((draws & (p < 1)).any()), bool((pen != 1).any()))
+                    bool((draws & (p < 1)).any()), bool((pen != 1).any()),
+                    bool((self.owner.logprobs[rows] != NO_LOGPROBS).any()))
 
     @property
     def mode(self) -> Mode:
@@ -169,6 +184,11 @@ class Sampler:
         u = self.uniforms(1)
         return self(logits, None if u is None else self.xp.asarray(u[0]))
 
+    def scores(self, logits, tokens, out: tuple | None = None) -> tuple | None:
+        """(chosen, top values, top ids) of tokens under logits (tk.logprobs, MAX_TOP
+        alternatives or the whole vocabulary if smaller) when the mode asks for logprobs, else None."""
+        return tk.logprobs(logits, tokens, min(MAX_TOP, self.vocab), out=out) if self.mode.logprobs else None
+
     def __call__(self, logits, uniforms=None, **tail):
         """Token ids (B,) from logits (B, V), with uniforms (B,) on their device (None when no
         row draws); tail: the op's out, positions, counters and embed."""
@@ -182,10 +202,10 @@ class Sampler:
                          penalty=d["penalty"][:n] if m.penalty else 1.0,
                          seen=o.seen[:n] if m.penalty else None, **tail)
 
-    def pick_rows(self, logits, rows: Sequence[int]):
+    def pick_rows(self, logits, rows: Sequence[int]) -> tuple:
         """Token ids (int64, on the logits' device) for logits (len(rows), V) whose row i belongs
         to row rows[i] (a prefill's first tokens), each drawing one uniform from its row's
-        generator. On the GPU the pick runs over a power of two of rows (copies of the last row
+        generator, and their scores when one of the rows asks for logprobs (else None). On the GPU the pick runs over a power of two of rows (copies of the last row
         added, their picks dropped): cuTile compiles a kernel for each class of its arrays'
         shapes, and warm_up builds the powers of two (another row count could compile a kernel of
         its own mid-serve)."""
@@ -214,7 +234,8 @@ class Sampler:
             tok = tk.sample(logits, u, temperature=arr["temperature"] if m.draws else 0,
                             top_k=arr["top_k"] if m.top_k else 0, top_p=arr["top_p"] if m.top_p else 1.0,
                             penalty=arr["penalty"] if m.penalty else 1.0, seen=seen)
+        scores = tk.logprobs(logits, tok, min(MAX_TOP, self.vocab)) if m.logprobs else None
         tok = tok[:n].astype(np.int64, copy=False)
         if o.seen is not None:
             o.seen[xp.asarray(idx[:n]), tok] = 1
-        return tok
+        return tok, None if scores is None else tuple(a[:n] for a in scores)

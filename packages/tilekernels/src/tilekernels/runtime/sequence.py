@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -10,14 +10,33 @@ from .sampler import GREEDY, Sampling
 from .tokenizer import TextStream
 
 
+class TokenLogprob(NamedTuple):
+    """A token's log-probability under the model's raw logits (log_softmax, whatever the
+    sampling settings) and the likeliest tokens at its place with theirs, likeliest first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(token: int, score: tuple, top: int) -> TokenLogprob:
+    """TokenLogprob of one place's scores (chosen, top values (MAX_TOP,), top ids (MAX_TOP,))
+    with `top` alternatives."""
+    chosen, values, ids = score
+    return TokenLogprob(int(token), float(chosen), tuple(zip(ids[:top].tolist(), values[:top].tolist())))
+
+
 @dataclass
 class Completion:
     """One continuation: its token ids and text (the prompt excluded) and why it ended:
-    'stop' (an eos id or a stop string) or 'length' (max_new_tokens)."""
+    'stop' (an eos id or a stop string) or 'length' (max_new_tokens). logprobs: one
+    TokenLogprob a token when the request asked (Sampling.logprobs); prompt_logprobs: the
+    prompt's, None for its first token (Sampling.prompt_logprobs)."""
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "length"
     emitted: int = 0           # characters of text already handed out
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def done(self) -> bool:
@@ -66,14 +85,27 @@ class Request:
         """Decode steps it may still take."""
         return 0 if self.finished else self.max_new_tokens - len(self.out.tokens)
 
-    def push(self, token: int) -> str:
-        """Fold in the next generated token; the text that can no longer turn out to be part of
-        a stop string (all of it once the request has finished)."""
+    def score_prompt(self, scores: tuple) -> None:
+        """The prompt's token logprobs from its row of a scored prefill: scores (chosen
+        (width,), top values (width, MAX_TOP), top ids (width, MAX_TOP)), place j scoring
+        prompt token j + 1."""
+        k, p = self.sampling.prompt_logprobs, self.prompt
+        self.out.prompt_logprobs = [None] + [token_logprob(p[j + 1], tuple(a[j] for a in scores), k)
+                                             for j in range(len(p) - 1)]
+
+    def push(self, token: int, score: tuple | None = None) -> str:
+        """Fold in the next generated token (and its scores: chosen, top values, top ids, when
+        the step computed them); the text that can no longer turn out to be part of a stop
+        string (all of it once the request has finished)."""
         o = self.out
         if token in self.eos:
             o.finish_reason = "stop"
         else:
             o.tokens.append(int(token))
+            if self.sampling.logprobs is not None and score is not None:
+                if o.logprobs is None:
+                    o.logprobs = []
+                o.logprobs.append(token_logprob(token, score, self.sampling.logprobs))
             if self.stream is not None:
                 o.text += self.stream.push(token)
                 hit = [o.text.index(s) for s in self.stop if s in o.text]
