@@ -61,7 +61,13 @@ BAD = [  # (body fields, the param the 400 names)
     ({"repetition_penalty": float("-inf")}, "repetition_penalty"), ({"top_p": float("inf")}, "top_p"),
     ({"stop": [str(i) for i in range(5)]}, "stop"), ({"stop": ["s" * 10_000] * 100}, "stop"),
     ({"stop": "x" * 257}, "stop"), ({"stop": "\ud800"}, "stop"), ({"n": 129}, "n"), ({"n": 10 ** 6}, "n"),
-    ({"n": 2, "prompt": ["a"] * 129}, "n"), ({"prompt": [[1]] * 257}, "prompt"), ({"max_tokens": 10 ** 12}, None),
+    ({"n": 2, "prompt": ["a"] * 129}, "n"), ({"prompt": [[1]] * 257}, "prompt"), ({"max_tokens": 10 ** 12}, "max_tokens"),
+    ({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"logprobs": "x"}, "logprobs"),
+    ({"logprobs": True}, "logprobs"), ({"max_tokens": 0}, "max_tokens"), ({"min_p": float("nan")}, "min_p"),
+    ({"min_p": -0.1}, "min_p"), ({"presence_penalty": float("inf")}, "presence_penalty"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"logit_bias": {str(VOCAB): 1}}, "logit_bias"),
+    ({"logit_bias": {"1": float("nan")}}, "logit_bias"), ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"logit_bias": [1, 2]}, "logit_bias"), ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
 ]
 
 

@@ -137,10 +137,10 @@ def specializations():
     tile = argmax.chunk_tile(50257)
     span = (tile, next_pow2(-(-50257 // tile)))
     u8 = arr(2, dtype=ct.uint8)
-    for penalty in (False, True):
-        out.append((f"sample-prepare-p{penalty}", sampling.prepare_kernel,
-                    [arr(2), u8 if penalty else arr(2), arr(2), arr(2), iarr(2), iarr(1), arr(1), iarr(1), iarr(1),
-                     arr(1), iarr(1), arr(1), *span, penalty]))
+    for adjust in (False, True):
+        out.append((f"sample-prepare-a{adjust}", sampling.prepare_kernel,
+                    [arr(2), u8 if adjust else arr(2), arr(2), arr(2), arr(2), arr(2), iarr(2), iarr(1), arr(1),
+                     iarr(1), iarr(1), arr(1), iarr(1), arr(1), arr(1), arr(1), *span, adjust]))
     for mass, first in ((False, False), (True, True), (True, False)):
         out.append((f"sample-search-m{mass}-f{first}", sampling.search_kernel,
                     [arr(2), arr(1), iarr(1), iarr(1), arr(1), arr(3), iarr(1), iarr(1), arr(1), arr(1), *span,
@@ -149,7 +149,7 @@ def specializations():
         out.append((f"sample-draw-tail{tail}-mark{mark}", sampling.draw_kernel,
                     [arr(2), arr(1), iarr(1), arr(1), arr(2), iarr(1), u8 if mark else arr(2), i64, i64,
                      iarr(1) if tail else i64, arr(2), arr(2), arr(2), 2 if tail else 1, 1024, tail, tail, tail, tail,
-                     arr(1), *span, mark]))
+                     arr(1), arr(1), arr(2), *span, mark]))
     for top in (0, 1, logprobs.MAX_TOP):          # log-probabilities: the chosen token's alone, and with alternatives
         width = next_pow2(max(top, 1))
         out.append((f"logprobs-top{top}", logprobs.logprobs_kernel,

@@ -855,7 +855,9 @@ def test_argmax_step_tail(poisoned, rng, rows, n, c, counters, bf16):
 
 SAMPLERS = [dict(temperature=0, penalty=1.3), dict(temperature=1.0), dict(temperature=0.8, top_k=200),
             dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=50, top_p=0.8, penalty=1.2),
-            dict(temperature=1.0, top_k=1), dict(temperature=2.0, top_p=0.05), dict(temperature=1.5, top_k=7)]
+            dict(temperature=1.0, top_k=1), dict(temperature=2.0, top_p=0.05), dict(temperature=1.5, top_k=7),
+            dict(temperature=1.0, min_p=0.05), dict(temperature=0.9, top_p=0.9, min_p=0.2, presence=0.5, frequency=0.3),
+            dict(temperature=0, frequency=1.5, bias=True), dict(temperature=1.2, penalty=1.1, presence=-0.5, bias=True)]
 
 
 def sampled_logits(rng, rows, n):
@@ -875,29 +877,38 @@ def test_sample(poisoned, rng, rows, n, cfg):
     different token is allowed only where u sits within float32 rounding of a CDF step."""
     import cupy
 
-    from tilekernels.sampling import kept, penalized, sample_reference
+    from tilekernels.sampling import adjusted, kept, sample_reference
 
     x = sampled_logits(rng, rows, n)
     u = rng.random(rows, dtype=np.float32)
+    cfg = dict(cfg)
     seen = (rng.random((rows, n)) < 0.1).astype(np.uint8) if "penalty" in cfg else None
+    counted = "presence" in cfg or "frequency" in cfg
+    counts = rng.integers(0, 3, (rows, n)).astype(np.float32) * (rng.random((rows, n)) < 0.2) if counted else None
+    bias = (rng.uniform(-5, 5, (rows, n)) * (rng.random((rows, n)) < 0.05)).astype(np.float32) \
+        if cfg.pop("bias", False) else None
     args = dict(temperature=cfg["temperature"], top_k=cfg.get("top_k", 0), top_p=cfg.get("top_p", 1.0),
                 penalty=cfg.get("penalty", 1.0))
-    want_seen = None if seen is None else seen.copy()
-    want = sample_reference(x, u.astype(np.float64), **args, seen=want_seen)
-    dseen = None if seen is None else cupy.asarray(seen)
-    got = tk.sample(cupy.asarray(x), cupy.asarray(u), **cfg, seen=dseen).get()
-    xp_ = penalized(x, seen, args["penalty"])
+    extra = dict(min_p=cfg.get("min_p", 0.0), presence=cfg.get("presence", 0.0), frequency=cfg.get("frequency", 0.0))
+    want_seen, want_counts = (None if a is None else a.copy() for a in (seen, counts))
+    want = sample_reference(x, u.astype(np.float64), **args, seen=want_seen, counts=want_counts, bias=bias, **extra)
+    dseen, dcounts = (None if a is None else cupy.asarray(a) for a in (seen, counts))
+    got = tk.sample(cupy.asarray(x), cupy.asarray(u), **cfg, seen=dseen, counts=dcounts,
+                    bias=None if bias is None else cupy.asarray(bias)).get()
+    xp_ = adjusted(x, seen, args["penalty"], counts, extra["presence"], extra["frequency"], bias)
     for r in range(rows):
         if got[r] == want[r]:
             continue
         assert cfg["temperature"] > 0, (r, got[r], want[r])
-        keep = kept(xp_[r:r + 1], args["temperature"], args["top_k"], args["top_p"])[0]
+        keep = kept(xp_[r:r + 1], args["temperature"], args["top_k"], args["top_p"], extra["min_p"])[0]
         w = np.where(keep, np.exp((xp_[r].astype(np.float64) - xp_[r].max()) / args["temperature"]), 0)
         cdf = np.cumsum(w) / w.sum()
         g = got[r]
         assert keep[g] and cdf[g] - w[g] / w.sum() - 1e-5 <= u[r] <= cdf[g] + 1e-5, (r, g, want[r], u[r])
     if seen is not None:
         assert np.array_equal(dseen.get(), np.maximum(seen, np.eye(n, dtype=np.uint8)[got]))
+    if counts is not None:
+        assert np.array_equal(dcounts.get(), counts + np.eye(n, dtype=np.float32)[got])
     from tilekernels._arrays import last_block_counters
 
     assert not last_block_counters(rows).any()

@@ -166,6 +166,29 @@ def test_sample_penalty_greedy_and_marks():
     assert tk.sample(x, temperature=0).tolist() == [0, 1]
 
 
+def test_sample_min_p_presence_frequency_and_bias():
+    """min_p keeps what is at least min_p times as likely as the likeliest; presence and
+    frequency penalties lower counted tokens (OpenAI's); the bias is added; chosen tokens are
+    counted."""
+    x = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], np.float32))
+    last = np.array([np.nextafter(np.float32(1), 0)])
+    assert tk.sample(x, last).tolist() == [3]
+    assert tk.sample(x, last, min_p=0.2).tolist() == [2]                 # 0.15 >= 0.1, 0.05 < 0.1
+    assert tk.sample(x, last, min_p=0.7).tolist() == [0]                 # the likeliest always stays
+    counts = np.array([[2, 0, 0, 0]], np.float32)
+    assert tk.sample(x, temperature=0, frequency=0.1, counts=counts.copy()).tolist() == [0]
+    assert tk.sample(x, temperature=0, frequency=0.3, counts=counts.copy()).tolist() == [1]    # -0.69 - 0.6 < -1.2
+    assert tk.sample(x, temperature=0, presence=0.6, counts=counts.copy()).tolist() == [1]
+    assert tk.sample(x, temperature=0, presence=0.6, frequency=-1.0, counts=counts.copy()).tolist() == [0]
+    bias = np.array([[0, 0, 0, 5]], np.float32)
+    marks = np.zeros((1, 4), np.float32)
+    assert tk.sample(x, temperature=0, bias=bias, counts=marks).tolist() == [3] and marks.tolist() == [[0, 0, 0, 1]]
+    with pytest.raises(ValueError, match="counts: needed"):
+        tk.sample(x, temperature=0, presence=0.5)
+    with pytest.raises(ValueError, match="min_p: expected"):
+        tk.sample(x, temperature=0, min_p=1.5)
+
+
 def test_sample_step_tail(rng):
     x, table = f32(rng, 2, 50), f32(rng, 50, 7)
     positions, counters = np.array([3, 8], np.int64), np.array([5], np.int32)

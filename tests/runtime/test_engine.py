@@ -52,8 +52,11 @@ def test_logprobs_are_the_raw_models_at_any_batch(ckpt):
     model = GPT.load(ckpt)
     work = workload(rng, 64, model.config.vocab_size, longest=30, most_new=8)
     kinds = [Sampling(temperature=0.9, top_k=20, repetition_penalty=1.3, logprobs=4, prompt_logprobs=2),
-             Sampling(temperature=0, logprobs=0), Sampling(temperature=0.7)]
-    settings = [kinds[i % 3] for i in range(64)]
+             Sampling(temperature=0, logprobs=0), Sampling(temperature=0.7),
+             Sampling(temperature=0.8, min_p=0.1, presence_penalty=0.5, frequency_penalty=0.5,
+                      logit_bias=((5, 3.0),), logprobs=2),
+             Sampling(temperature=0, frequency_penalty=1.0, logit_bias=((7, -100.0),), logprobs=1)]
+    settings = [kinds[i % len(kinds)] for i in range(64)]
 
     from tilekernels.runtime import requests as make
 
@@ -91,6 +94,37 @@ def test_logprobs_are_the_raw_models_at_any_batch(ckpt):
         many.add(Request([1, 2], 2, Sampling(prompt_logprobs=1), embeds=np.zeros((2, 32), np.float32)))
     with pytest.raises(ValueError, match="logprobs must be"):
         Sampling(logprobs=21)
+
+
+def test_presence_frequency_penalties_and_logit_bias_as_openai_defines_them(ckpt):
+    """Greedy decoding under presence and frequency penalties (counting generated tokens only)
+    and a logit bias is the argmax of logits - frequency x count - presence x (count > 0) + bias
+    at every step; a bias of 100 forces its token, -100 bans it."""
+    model = GPT.load(ckpt)
+    prompt = [3, 17, 17, 40, 2]
+    s = Sampling(temperature=0, presence_penalty=0.7, frequency_penalty=0.4, logit_bias=((11, 1.5), (40, -2.0)))
+    got = generate(Engine(model, 4), [prompt], 12, s, ignore_eos=True)[0].tokens
+    seq, counts = list(prompt), np.zeros(model.config.vocab_size)
+    bias = np.zeros(model.config.vocab_size)
+    bias[[11, 40]] = [1.5, -2.0]
+    for _ in range(12):
+        x = model.forward(np.array([seq]), np.arange(len(seq))[None], model.new_cache(1, len(seq)))[0]
+        t = int(np.argmax(x - 0.4 * counts - 0.7 * (counts > 0) + bias))
+        seq.append(t)
+        counts[t] += 1
+    assert got == seq[len(prompt):] and len(set(got)) > 3
+    forced = generate(Engine(model, 4), [prompt], 6, Sampling(temperature=0.9, logit_bias=((9, 100.0),)), seed=1,
+                      ignore_eos=True)[0].tokens
+    assert forced == [9] * 6
+    greedy = generate(Engine(model, 4), [prompt], 6, Sampling(temperature=0), ignore_eos=True)[0].tokens
+    banned = generate(Engine(model, 4), [prompt], 6, Sampling(temperature=0, logit_bias=((greedy[0], -100.0),)),
+                      ignore_eos=True)[0].tokens
+    assert greedy[0] not in banned
+    with pytest.raises(ValueError, match="logit_bias: token ids"):
+        Engine(model, 1).add(Request([1], 2, Sampling(logit_bias=((10 ** 6, 1.0),))))
+    for bad in (dict(min_p=1.5), dict(presence_penalty=3.0), dict(logit_bias=((1, 101.0),))):
+        with pytest.raises(ValueError):
+            Sampling(**bad)
 
 
 def test_a_flow_starts_only_for_rows_that_go_on_past_their_first_token(ckpt):

@@ -82,17 +82,23 @@ class LanguageModel:
     def generate(self, prompts: str | Sequence[str | Sequence[int]], max_new_tokens: int = 100,
                  temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0,
                  seed: int | None = None, num_samples: int = 1, stop: str | Sequence[str] = (),
-                 max_batch: int = MAX_BATCH, logprobs: int | None = None) -> list[Completion]:
+                 max_batch: int = MAX_BATCH, logprobs: int | None = None, min_p: float = 0.0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                 logit_bias: dict[int, float] | None = None) -> list[Completion]:
         """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
         continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
         temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU; stop: one
         string or several; at most max_batch rows decode at once (each row's tokens are the same
         whatever else runs beside it). logprobs (0 to 20): .logprobs holds each token's
         log-probability under the model (whatever the sampling settings) and that many likeliest
-        alternatives (runtime.TokenLogprob)."""
+        alternatives (runtime.TokenLogprob). min_p, presence_penalty, frequency_penalty and
+        logit_bias ({token id: -100 to 100}) as OpenAI's and vLLM's."""
         with _one_line():
             ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
-                                          num_samples, logprobs)
+                                          num_samples, logprobs, min_p=float(min_p),
+                                          presence_penalty=float(presence_penalty),
+                                          frequency_penalty=float(frequency_penalty),
+                                          logit_bias=tuple((int(k), float(v)) for k, v in (logit_bias or {}).items()))
             return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
 
     def score(self, texts: str | Sequence[str | Sequence[int]], top: int = 0,
@@ -135,10 +141,10 @@ class LanguageModel:
                 return self.model.forward(xp.asarray(ids), xp.asarray(positions), cache, last_only=False)
 
     def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples,
-                 logprobs=None):
+                 logprobs=None, **more):
         if isinstance(prompts, str):
             prompts = [prompts]
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty), logprobs)
+        sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty), logprobs, **more)
         return [p for p in self.encode(prompts) for _ in range(num_samples)], sampling

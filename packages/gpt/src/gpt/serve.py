@@ -8,8 +8,9 @@ POST /v1/completions (prompt: a string, a list of them, token ids or a list of t
 temperature, top_p, top_k and repetition_penalty (extensions), n, stop, seed, stream (server-sent
 events), echo, logprobs (0 to 20: each token's log-probability under the model and that many
 alternatives, in OpenAI's completions shape; with echo the prompt's too, and max_tokens 0 scores
-the prompt alone, as lm-evaluation-harness asks); suffix, best_of != n, logit_bias and nonzero
-presence/frequency penalties are refused with 400), GET /v1/models, /health, /metrics, and vLLM's
+the prompt alone, as lm-evaluation-harness asks), presence_penalty, frequency_penalty, logit_bias,
+min_p (vLLM's extension); suffix and best_of != n are refused with 400), GET /v1/models, /health,
+/metrics, and vLLM's
 POST /tokenize, POST /detokenize, GET /tokenizer_info (what lm-evaluation-harness's
 local-completions model tokenizes with, so it needs no tokenizer of its own). Every option of python -m gpt.generate is
 the default of the matching request field (max_new_tokens -> max_tokens, num_samples -> n).
@@ -45,7 +46,8 @@ from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver t
 from .api import GPTError, LanguageModel, load
 from .generate import SHARED_OPTIONS, stop_strings
 
-UNSUPPORTED = {"suffix": "suffix (insertion) is not supported", "logit_bias": "logit_bias is not supported"}
+UNSUPPORTED = {"suffix": "suffix (insertion) is not supported"}
+MAX_BIASES = 1024       # logit_bias entries a request
 MAX_N = 128             # completions a prompt (n)
 MAX_STOPS, MAX_STOP_CHARS = 4, 256      # OpenAI's rule: up to 4 stop strings
 INLINE_BYTES = 1 << 16  # bodies parsed on the event loop; larger ones in a thread
@@ -65,9 +67,6 @@ class CompletionRequest:
         for name, why in UNSUPPORTED.items():
             if body.get(name) not in (None, {}, "", False):
                 raise APIError(400, why, name, "unsupported_parameter")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if body.get(name) not in (None, 0, 0.0):
-                raise APIError(400, f"{name} is not supported (repetition_penalty is)", name, "unsupported_parameter")
 
         def get(name, default, kind):
             v = body.get(name)
@@ -105,7 +104,9 @@ class CompletionRequest:
             self.sampling = Sampling(float(get("temperature", defaults["temperature"], float)),
                                      get("top_k", defaults["top_k"], int), float(get("top_p", defaults["top_p"], float)),
                                      float(get("repetition_penalty", defaults["repetition_penalty"], float)),
-                                     self.logprobs, self.logprobs if self.echo else None)
+                                     self.logprobs, self.logprobs if self.echo else None,
+                                     float(get("min_p", 0.0, float)), float(get("presence_penalty", 0.0, float)),
+                                     float(get("frequency_penalty", 0.0, float)), _logit_bias(body.get("logit_bias"), vocab))
         except ValueError as e:
             raise APIError(400, str(e), str(e).split()[0]) from None
         if self.sampling.top_k > vocab:
@@ -119,6 +120,7 @@ class CompletionRequest:
         self.steps = max(self.max_tokens, 1)        # max_tokens 0: the prompt's prefill alone, its token dropped
         with _bad_request():
             ids = lm.encode(self.prompts)
+        with _bad_request("max_tokens"):
             check_length(lm.model, max(len(i) for i in ids), self.steps)
         self.prompt_ids = ids
         self.ids = [i for i in ids for _ in range(self.n)]
@@ -126,13 +128,34 @@ class CompletionRequest:
         self.prompt_tokens = sum(len(i) for i in ids)
 
 
+def _logit_bias(bias, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias {"token id": bias in [-100, 100]} as (id, bias) pairs."""
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_BIASES:
+        raise APIError(400, f"logit_bias must be an object of at most {MAX_BIASES} token ids", "logit_bias")
+    out = []
+    for k, v in bias.items():
+        if not (isinstance(k, str) and k.isdigit() and int(k) < vocab):
+            raise APIError(400, f"logit_bias: token ids must be in [0, {vocab}), got {k!r}", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise APIError(400, f"logit_bias values must be numbers in [-100, 100], got {v!r}", "logit_bias")
+        out.append((int(k), float(v)))
+    return tuple(out)
+
+
 class _bad_request:
+    """A ValueError in the block as a 400 (naming param)."""
+
+    def __init__(self, param: str | None = None):
+        self.param = param
+
     def __enter__(self):
         return self
 
     def __exit__(self, kind, e, tb):
         if e is not None and isinstance(e, (GPTError, ValueError, OverflowError)):
-            raise APIError(400, str(e)) from None
+            raise APIError(400, str(e), self.param) from None
         return False
 
 

@@ -1,6 +1,7 @@
-"""Drawing the next token from logits on the device: repetition penalty, temperature, top-k
-and top-p (nucleus) filtering, then a draw by inverse CDF from a given uniform, as HF's
-generate does, with no sort and nothing read back to the host.
+"""Drawing the next token from logits on the device: repetition penalty (HF's), presence and
+frequency penalties and a logit bias (OpenAI's), temperature, top-k, top-p (nucleus) and min-p
+filtering, then a draw by inverse CDF from a given uniform, as HF's generate does, with no sort
+and nothing read back to the host.
 
 The filters keep every value at or above a threshold: top-k's is the k-th largest value,
 top-p's the largest value t whose filtered mass at or above t still reaches p (ties are kept
@@ -44,11 +45,29 @@ def penalized(x: np.ndarray, seen: np.ndarray | None, penalty: float) -> np.ndar
     return np.where(hit & (x > 0), x / p, np.where(hit, x * p, x)).astype(np.float32)
 
 
-def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """Which logits (rows, V) survive top-k then top-p: top-k keeps values >= the k-th largest;
-    top-p keeps each value whose strictly larger values hold less than p of the mass left
-    by top-k (softmax at `temperature`, float64). At least the largest value survives."""
+def adjusted(x: np.ndarray, seen: np.ndarray | None, penalty: float, counts: np.ndarray | None = None,
+             presence: float = 0.0, frequency: float = 0.0, bias: np.ndarray | None = None) -> np.ndarray:
+    """The logits every filter and the draw see (float32, in the kernel's order): the repetition
+    penalty on seen tokens, then minus frequency x each token's count so far and presence where
+    it is above 0 (counts: float32 (rows, V), generated tokens), plus bias (float32 (rows, V))."""
+    x = penalized(x, seen, penalty)
+    if counts is not None:
+        x = (x - counts * np.float32(frequency)) - np.where(counts > 0, np.float32(presence), np.float32(0))
+    if bias is not None:
+        x = x + bias
+    return x.astype(np.float32)
+
+
+def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> np.ndarray:
+    """Which logits (rows, V) survive top-k, top-p then min-p: top-k keeps values >= the k-th
+    largest; top-p keeps each value whose strictly larger values hold less than p of the mass
+    left by top-k (softmax at `temperature`, float64); min-p keeps values whose probability is
+    at least min_p times the largest's (x >= max + temperature ln min_p, in float32). At least
+    the largest value survives."""
     keep = np.ones(x.shape, bool)
+    if min_p > 0:
+        floor = x.max(-1, keepdims=True) + np.float32(temperature) * np.log(np.float32(min_p))
+        keep &= x >= floor
     n = x.shape[-1]
     if 0 < top_k < n:
         keep &= x >= np.partition(x, n - top_k, axis=-1)[:, n - top_k, None]
@@ -64,19 +83,24 @@ def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndar
 
 
 def sample_reference(x: np.ndarray, uniforms: np.ndarray | None, temperature: float, top_k: int, top_p: float,
-                     penalty: float, seen: np.ndarray | None) -> np.ndarray:
-    """int64 token (rows,) of each row of logits x (rows, V), uniforms (rows,) in [0, 1)."""
-    x = penalized(x, seen, penalty)
+                     penalty: float, seen: np.ndarray | None, min_p: float = 0.0, presence: float = 0.0,
+                     frequency: float = 0.0, counts: np.ndarray | None = None,
+                     bias: np.ndarray | None = None) -> np.ndarray:
+    """int64 token (rows,) of each row of logits x (rows, V), uniforms (rows,) in [0, 1); the
+    chosen tokens are marked in seen and counted in counts."""
+    x = adjusted(x, seen, penalty, counts, presence, frequency, bias)
     if temperature == 0:
         y = np.argmax(x, -1)
     else:
-        w = np.where(kept(x, temperature, top_k, top_p),
+        w = np.where(kept(x, temperature, top_k, top_p, min_p),
                      np.exp((x.astype(np.float64) - x.max(-1, keepdims=True)) / temperature), 0)
         cdf = np.cumsum(w, -1)
         last = x.shape[-1] - 1 - np.argmax(w[:, ::-1] > 0, -1)      # where u rounds up to 1
         y = np.minimum((cdf <= uniforms[:, None] * cdf[:, -1:]).sum(-1), last)
     if seen is not None:
         seen[np.arange(len(y)), y] = 1
+    if counts is not None:
+        counts[np.arange(len(y)), y] += 1
     return y.astype(np.int64)
 
 
@@ -105,10 +129,11 @@ def _inv_t(TEMP, r):
 
 
 @kernel
-def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, TILE: ConstInt, CHUNKS: ConstInt,
-                   PENALTY: ConstBool):
-    """Chunk bid(0) of row bid(1): the row's penalty applied into XP (PENALTY), the chunk's
-    largest value and smallest key; the row's last block writes the row's largest value M and
+def prepare_kernel(X, SEEN, NSEEN, BIAS, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, PRES, FREQ, TILE: ConstInt,
+                   CHUNKS: ConstInt, ADJUST: ConstBool):
+    """Chunk bid(0) of row bid(1): the row's adjusted logits into XP (ADJUST: the repetition
+    penalty on SEEN, presence and frequency penalties on the counts NSEEN, the bias BIAS), the
+    chunk's largest value and smallest key; the row's last block writes the row's largest value M and
     the search interval [LO, HI]: [smallest key, largest key] for a row with top-k, the largest
     value's key twice for a greedy row (temperature 0), the smallest key twice otherwise (no
     top-k search: everything stays in)."""
@@ -116,10 +141,13 @@ def prepare_kernel(X, SEEN, XP, PV, PK, C, M, LO, HI, TEMP, TOPK, PEN, TILE: Con
     c = ct.bid(0)
     r = ct.bid(1)
     x, valid = _chunk(X, r, c, TILE)
-    if PENALTY:
+    if ADJUST:
         penalty = _row(PEN, r)
         hit = ct.load(SEEN, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO) != 0
         x = ct.where(hit, ct.where(x > 0, x / penalty, x * penalty), x)
+        n = ct.load(NSEEN, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO)
+        x = (x - n * _row(FREQ, r)) - ct.where(n > 0, _row(PRES, r), 0.0)
+        x = x + ct.load(BIAS, index=(r, c), shape=(1, TILE), padding_mode=ct.PaddingMode.ZERO)
         ct.store(XP, index=(r, c), tile=x)
     ct.store(PV, index=(r, c), tile=ct.max(x, axis=1, keepdims=True), allow_tma=False)
     ct.store(PK, index=(r, c), tile=ct.min(ct.where(valid, order_key(x), INT32_MAX), axis=1, keepdims=True),
@@ -199,16 +227,21 @@ def search_kernel(X, M, LO, HI, TARGET, PF, C, TOPK, TOPP, TEMP, TILE: ConstInt,
 
 @kernel
 def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: ConstInt, TILE_C: ConstInt,
-                ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TEMP,
+                ADVANCE: ConstBool, COUNT: ConstBool, EMBED: ConstBool, HAS_P: ConstBool, TEMP, MINP, NSEEN,
                 TILE: ConstInt, CHUNKS: ConstInt, MARK: ConstBool):
-    """Chunk bid(0) of row bid(1): the weight of its values with keys >= LO; the row's last
-    block takes the first index whose running weight exceeds U[r] times the row's (0 for a
-    greedy row: the first largest), marks it in SEEN (MARK) and ends the step (argmax.step_tail)."""
+    """Chunk bid(0) of row bid(1): the weight of its values with keys >= LO and, for a row that
+    samples with min-p, >= M + TEMP ln MINP; the row's last block takes the first index whose
+    running weight exceeds U[r] times the row's (0 for a greedy row: the first largest), marks
+    it in SEEN and counts it in NSEEN (MARK) and ends the step (argmax.step_tail)."""
     inputs_ready()
     c = ct.bid(0)
     r = ct.bid(1)
     m = ct.load(M, index=(r,), shape=())
+    t, min_p = _row(TEMP, r), _row(MINP, r)
+    floor = m + t * ct.log(ct.where(min_p > 0, min_p, 1.0))
+    floor_key = ct.reshape(order_key(ct.reshape(floor, (1,))), ())
     lo = ct.load(LO, index=(r,), shape=())
+    lo = ct.where((t > 0) & (min_p > 0), ct.maximum(lo, floor_key), lo)
     inv_t = _inv_t(TEMP, r)
     x, _ = _chunk(X, r, c, TILE)
     w = ct.where(order_key(x) >= lo, ct.exp((x - m) * inv_t), 0.0)
@@ -230,6 +263,8 @@ def draw_kernel(X, M, LO, U, PS, C, SEEN, OUT, POS, CNT, T, P, Y, TILE_CNT: Cons
         token = at * TILE + i
         if MARK:
             ct.store(SEEN, index=(r, token), tile=ct.full((1, 1), 1, ct.uint8), allow_tma=False)
+            n = ct.load(NSEEN, index=(r, token), shape=(1, 1), allow_tma=False)
+            ct.store(NSEEN, index=(r, token), tile=n + 1.0, allow_tma=False)
         step_tail(r, token, OUT, POS, CNT, T, P, Y, TILE_CNT, TILE_C, ADVANCE, COUNT, EMBED, HAS_P)
         reset_count(C, r)
 
@@ -251,22 +286,25 @@ def _per_row(name: str, v, rows: int, kind: str, dtype, valid, why: str):
     return v
 
 
-def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0,
-           seen=None, out=None, positions=None, counters=None, embed=None):
+def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, seen=None, min_p=0.0,
+           presence=0.0, frequency=0.0, counts=None, bias=None, out=None, positions=None, counters=None, embed=None):
     """int64 token ids (rows,) drawn from logits x (rows, V) float32.
 
     Each setting is one number for every row or a (rows,) array (float32; top_k int32) on the
     logits' device, so a batch can mix greedy and sampled rows with filters of their own.
-    The logits of tokens marked in seen (uint8 (rows, V); needed when a penalty != 1) get the
-    repetition penalty, and each chosen token is marked there. temperature 0 is greedy (the
-    first largest penalized logit; its uniform unused), else softmax(x / temperature)
-    restricted by top_k (0: off) and top_p (1: off) is sampled with uniforms (float32 (rows,),
-    in [0, 1)) by inverse CDF in vocabulary order. A filter given as an array runs its search
-    for every row (a row turns it off with top_k 0 or top_p 1); given as a number, only where
-    it filters. out, positions, counters, embed: as argmax's, the rest of a decode step in the
-    same launches.
+    The logits are adjusted first (sampling.adjusted): the logits of tokens marked in seen
+    (uint8 (rows, V); needed when a penalty != 1) get the repetition penalty; minus frequency
+    times each token's count in counts (float32 (rows, V); needed when presence or frequency
+    != 0) and presence where it is above 0; plus bias (float32 (rows, V)). Each chosen token is
+    marked in seen and counted in counts. temperature 0 is greedy (the first largest adjusted
+    logit; its uniform unused), else softmax(x / temperature) restricted by top_k (0: off),
+    top_p (1: off) and min_p (0: off) is sampled with uniforms (float32 (rows,), in [0, 1)) by
+    inverse CDF in vocabulary order. A filter given as an array runs its search for every row (a
+    row turns it off with top_k 0 or top_p 1); given as a number, only where it filters. out,
+    positions, counters, embed: as argmax's, the rest of a decode step in the same launches.
     """
-    kind = backend(x=x, uniforms=uniforms, seen=seen, **tail_arrays(out, positions, counters, embed))
+    kind = backend(x=x, uniforms=uniforms, seen=seen, counts=counts, bias=bias,
+                   **tail_arrays(out, positions, counters, embed))
     check("x", x, ndim=2)
     rows, n = x.shape
     if n == 0:
@@ -275,6 +313,9 @@ def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0
     top_k = _per_row("top_k", top_k, rows, kind, np.int32, lambda k: k >= 0, ">= 0")
     top_p = _per_row("top_p", top_p, rows, kind, np.float32, lambda p: (p > 0) & (p <= 1), "0 < top_p <= 1")
     penalty = _per_row("penalty", penalty, rows, kind, np.float32, lambda p: p > 0, "> 0")
+    min_p = _per_row("min_p", min_p, rows, kind, np.float32, lambda p: (p >= 0) & (p <= 1), "0 <= min_p <= 1")
+    presence = _per_row("presence", presence, rows, kind, np.float32, np.isfinite, "a finite number")
+    frequency = _per_row("frequency", frequency, rows, kind, np.float32, np.isfinite, "a finite number")
     scalar = {k: np.isscalar(v) for k, v in (("t", temperature), ("k", top_k), ("p", top_p), ("pen", penalty))}
     draws = not scalar["t"] or temperature > 0
     if draws:
@@ -284,8 +325,14 @@ def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0
     penalizes = not scalar["pen"] or penalty != 1
     if penalizes and seen is None:
         raise ValueError("seen: needed when penalty != 1")
+    counted = not np.isscalar(presence) or not np.isscalar(frequency) or presence != 0 or frequency != 0
+    if counted and counts is None:
+        raise ValueError("counts: needed when presence or frequency != 0")
     if seen is not None:
         check("seen", seen, shape=(rows, n), dtype=np.uint8)
+    for name, a in (("counts", counts), ("bias", bias)):
+        if a is not None:
+            check(name, a, shape=(rows, n), dtype=np.float32)
     if out is not None:
         check("out", out, shape=(rows,), dtype=np.int64)
     check_tail(rows, positions, counters, embed)
@@ -293,37 +340,46 @@ def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0
         y = np.empty(rows, np.int64)
         u = np.zeros(rows) if uniforms is None else uniforms.astype(np.float64)
         at = lambda v, r: v if np.isscalar(v) else v[r].item()      # noqa: E731
+        row = lambda a, r: None if a is None else a[r:r + 1]        # noqa: E731
         for r in range(rows):
             y[r] = sample_reference(x[r:r + 1], u[r:r + 1], at(temperature, r), at(top_k, r), at(top_p, r),
-                                    at(penalty, r), None if seen is None else seen[r:r + 1])[0]
+                                    at(penalty, r), row(seen, r), at(min_p, r), at(presence, r), at(frequency, r),
+                                    row(counts, r), row(bias, r))[0]
         return tail_reference(y, out, positions, counters, embed)
-    if not draws and not penalizes:
+    adjusts = seen is not None or counts is not None or bias is not None
+    if not draws and not adjusts:
         return argmax(x, out, positions=positions, counters=counters, embed=embed)
     xp = array_module(x)
     y = xp.empty(rows, dtype=np.int64) if out is None else out
     if rows == 0:
         return y
-    settings = [v if not np.isscalar(v) else xp.full(rows, v, dt)
-                for v, dt in ((temperature, np.float32), (top_k, np.int32), (top_p, np.float32), (penalty, np.float32))]
-    temp, k_rows, p_rows, pen = settings
+    temp, k_rows, p_rows, pen, mp, pres, freq = (
+        v if not np.isscalar(v) else xp.full(rows, v, dt)
+        for v, dt in ((temperature, np.float32), (top_k, np.int32), (top_p, np.float32), (penalty, np.float32),
+                      (min_p, np.float32), (presence, np.float32), (frequency, np.float32)))
+    if adjusts:         # the adjusting kernels read all three: absent ones are neutral
+        seen = xp.zeros((rows, n), np.uint8) if seen is None else seen
+        counts = xp.zeros((rows, n), np.float32) if counts is None else counts
+        bias = xp.zeros((rows, n), np.float32) if bias is None else bias
     tile = chunk_tile(n)
     chunks = -(-n // tile)
     grid, span = (chunks, rows, 1), (tile, next_pow2(chunks))
-    counts = last_block_counters(rows)
+    done = last_block_counters(rows)
     m, target = xp.empty(rows, np.float32), xp.empty(rows, np.float32)
     lo, hi = xp.empty(rows, np.int32), xp.empty(rows, np.int32)
-    xp_ = x if seen is None else xp.empty_like(x)
-    launch(grid, prepare_kernel, (x, x if seen is None else seen, xp_, xp.empty((rows, chunks), np.float32),
-                                  xp.empty((rows, chunks), np.int32), counts, m, lo, hi, temp, k_rows, pen, *span,
-                                  seen is not None))
+    xa = xp.empty_like(x) if adjusts else x
+    launch(grid, prepare_kernel, (x, seen if adjusts else x, counts if adjusts else x, bias if adjusts else x, xa,
+                                  xp.empty((rows, chunks), np.float32), xp.empty((rows, chunks), np.int32), done, m,
+                                  lo, hi, temp, k_rows, pen, pres, freq, *span, adjusts))
     partial = xp.empty((rows, chunks, WAYS), np.float32)
     searches = [] if not draws else ([False] * (not scalar["k"] or 0 < top_k < n)
                                      + [True] * (not scalar["p"] or top_p < 1))
     for mass in searches:
         for i in range(-(-32 // (WAYS.bit_length() - 1))):
-            launch(grid, search_kernel, (xp_, m, lo, hi, target, partial, counts, k_rows, p_rows, temp, *span, WAYS,
+            launch(grid, search_kernel, (xa, m, lo, hi, target, partial, done, k_rows, p_rows, temp, *span, WAYS,
                                          min(SUB, tile), mass, mass and i == 0))
-    launch(grid, draw_kernel, (xp_, m, lo, xp.zeros(rows, np.float32) if uniforms is None else uniforms,
-                               xp.empty((rows, chunks), np.float32), counts, xp_ if seen is None else seen,
-                               *tail_args(y, positions, counters, embed, x), temp, *span, seen is not None))
+    launch(grid, draw_kernel, (xa, m, lo, xp.zeros(rows, np.float32) if uniforms is None else uniforms,
+                               xp.empty((rows, chunks), np.float32), done, seen if adjusts else xa,
+                               *tail_args(y, positions, counters, embed, x), temp, mp, counts if adjusts else xa,
+                               *span, adjusts))
     return y

@@ -69,7 +69,8 @@ class Opt:
                 and (self.max is None or v <= self.max))
 
 
-Int, OptInt, Float, Str, OptStr, Bool = Opt(int), Opt(int, True), Opt(float), Opt(str), Opt(str, True), Opt(bool)
+Int, OptInt, Float, OptFloat, Str, OptStr, Bool = (Opt(int), Opt(int, True), Opt(float), Opt(float, True), Opt(str),
+                                                    Opt(str, True), Opt(bool))
 Device = Str(choices=("auto", "cpu", "gpu"))
 Precision = Str(choices=tuple(PRECISIONS))
 _BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}

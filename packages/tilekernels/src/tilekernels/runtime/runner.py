@@ -172,13 +172,12 @@ class ModelRunner:
             view = self.slots.view(rows)
             view.lengths[...] = self.xp.asarray(self.slots.length[:rows])   # building writes at the next columns
             step = lambda x: m.step(x, view)      # noqa: E731
-            seen = None if self.sampler.seen is None else self.sampler.seen.copy()
+            marks = self.sampler.marks()
             if self.xp is np:
                 self.decoders[key] = PlainDecoder(m.embedding_tables, step, view, sampler)
             else:
                 self.decoders[key] = DecodeGraph(m.embedding_tables, step, view, sampler)
-            if seen is not None:
-                self.sampler.seen[...] = seen
+            self.sampler.restore(marks)
         return self.decoders[key]
 
     def decode(self, requests: dict[int, Request], ids: dict[int, int], steps: int,

@@ -1,5 +1,6 @@
-"""Choosing the next token from logits, as HF generate does: repetition penalty, then
-temperature, top-k and top-p, then a draw (or the argmax when temperature is 0), with
+"""Choosing the next token from logits, as HF generate does: repetition penalty (and OpenAI's
+presence and frequency penalties and logit bias), then temperature, top-k, top-p and min-p,
+then a draw (or the argmax when temperature is 0), with
 tilekernels' sample op on whichever device holds the logits. Every row of a batch has settings
 of its own, so greedy and sampled requests decode side by side. A row that asks for logprobs
 also gets its token's log-probability under the raw logits and the MAX_TOP likeliest tokens'
@@ -19,6 +20,8 @@ INT32_MAX = 2 ** 31 - 1
 
 MAX_TEMPERATURE = 100.0       # past it every distribution is flat to float32's precision
 MAX_PENALTY = 100.0
+MAX_OPENAI_PENALTY = 2.0      # presence and frequency penalties: OpenAI's range
+MAX_BIAS = 100                # logit_bias values: OpenAI's range
 MAX_SEED = 2 ** 63 - 1
 
 
@@ -30,6 +33,10 @@ class Sampling:
     repetition_penalty: float = 1.0
     logprobs: int | None = None         # each new token's log-probability and this many alternatives
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (its first has none)
+    min_p: float = 0.0                  # keep tokens at least min_p times as likely as the likeliest
+    presence_penalty: float = 0.0       # minus this for a token generated before (OpenAI's)
+    frequency_penalty: float = 0.0      # minus this times the times it was generated (OpenAI's)
+    logit_bias: tuple[tuple[int, float], ...] = ()      # (token id, added to its logit), each in [-100, 100]
 
     def __post_init__(self):
         if not 0 <= self.temperature <= MAX_TEMPERATURE:      # NaN fails every comparison
@@ -44,6 +51,19 @@ class Sampling:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_TOP):
                 raise ValueError(f"{name} must be an integer in [0, {MAX_TOP}], got {v!r}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_OPENAI_PENALTY <= getattr(self, name) <= MAX_OPENAI_PENALTY:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not all(-MAX_BIAS <= b <= MAX_BIAS for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias values must be in [-{MAX_BIAS}, {MAX_BIAS}]")
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the logits are changed before the draw (a penalty or a bias)."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+                or bool(self.logit_bias))
 
 
 def check_seed(seed) -> None:
@@ -58,24 +78,26 @@ GREEDY = Sampling(temperature=0)
 
 class Mode(NamedTuple):
     """Which parts of the op a batch's rows need: a draw (some row samples), each filter's
-    search, the penalty, and whether some row asks for logprobs. A captured decode graph runs
+    search, the adjusted logits (a penalty or a bias), and whether some row asks for logprobs. A captured decode graph runs
     one mode; all False is one argmax."""
     draws: bool
     top_k: bool
     top_p: bool
-    penalty: bool
+    adjust: bool
     logprobs: bool = False
 
 
 _FIELDS = (("temperature", np.float32, 0.0), ("top_k", np.int32, 0), ("top_p", np.float32, 1.0),
-           ("penalty", np.float32, 1.0))
+           ("penalty", np.float32, 1.0), ("min_p", np.float32, 0.0), ("presence", np.float32, 0.0),
+           ("frequency", np.float32, 0.0))
 NO_LOGPROBS = -1
 
 
 class Sampler:
-    """The settings of `batch` rows, row by row (temperature, top_k, top_p, repetition penalty),
-    their random generators and, once a row penalises, the (batch, V) mask of tokens seen so far
-    on the logits' device (the op marks what it chooses). Each row draws its uniforms from a
+    """The settings of `batch` rows, row by row (temperature, top_k, top_p, penalties, min_p),
+    their random generators and, once a row adjusts its logits, the (batch, V) arrays of that on
+    the logits' device: the mask of tokens seen so far (prompt and generated), the counts of
+    those generated (the op marks and counts what it chooses) and the bias. Each row draws its uniforms from a
     numpy Generator of its own, one a step, so its tokens depend on its seed alone, not on the
     rows beside it, and a seed draws the same tokens on the CPU and the GPU.
 
@@ -90,7 +112,8 @@ class Sampler:
         self.stale = False      # whether dev lags host (set_row writes the host only: sync())
         self.logprobs = np.full(batch, NO_LOGPROBS, np.int32)     # each row's alternatives (host only)
         self.rngs: list = [None] * batch
-        self.seen = None
+        self.adjusting = np.zeros(batch, bool)      # which rows adjust their logits (host only)
+        self.seen = self.counts = self.bias = None
         self.fixed: Mode | None = None
         self.owner = self
         if s is not None:
@@ -103,17 +126,25 @@ class Sampler:
         The device copies of the settings follow at the next sync() (the engine admits and
         releases dozens of rows at once: one copy an array, not four copies a row)."""
         o = self.owner
-        for (name, _, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty)):
+        for (name, _, _), v in zip(_FIELDS, (s.temperature, s.top_k, s.top_p, s.repetition_penalty, s.min_p,
+                                             s.presence_penalty, s.frequency_penalty)):
             o.host[name][row] = v
         o.stale = o.xp is not np
         o.logprobs[row] = NO_LOGPROBS if s.logprobs is None else s.logprobs
         o.rngs[row] = rng
-        if s.repetition_penalty != 1 and o.seen is None:
+        o.adjusting[row] = s.adjusts
+        if s.adjusts and o.seen is None:
             o.seen = o.xp.zeros((o.batch, o.vocab), np.uint8)
+            o.counts, o.bias = (o.xp.zeros((o.batch, o.vocab), np.float32) for _ in range(2))
         if o.seen is not None:
             mask = np.zeros(o.vocab, np.uint8)
             mask[np.asarray(prompt, np.int64)] = 1
             o.seen[row] = o.xp.asarray(mask)
+            o.counts[row] = 0
+            bias = np.zeros(o.vocab, np.float32)
+            for token, b in s.logit_bias:
+                bias[token] = b
+            o.bias[row] = o.xp.asarray(bias)
 
     def sync(self) -> None:
         """Copy the rows' settings to the device, if set_row changed them since: before decode
@@ -135,18 +166,24 @@ class Sampler:
             self.set_row(b, self.settings(b), ids, np.random.default_rng(None if seed is None else [seed, b]))
 
     def settings(self, row: int) -> Sampling:
-        h, lp = self.owner.host, int(self.owner.logprobs[row])
+        o = self.owner
+        h, lp = o.host, int(o.logprobs[row])
+        bias = ()
+        if o.bias is not None:
+            b = o.xp.asnumpy(o.bias[row]) if o.xp is not np else o.bias[row]
+            bias = tuple((int(i), float(b[i])) for i in np.flatnonzero(b))
         return Sampling(float(h["temperature"][row]), int(h["top_k"][row]), float(h["top_p"][row]),
-                        float(h["penalty"][row]), None if lp == NO_LOGPROBS else lp)
+                        float(h["penalty"][row]), None if lp == NO_LOGPROBS else lp, None, float(h["min_p"][row]),
+                        float(h["presence"][row]), float(h["frequency"][row]), bias)
 
     def mode_of(self, rows: Sequence[int]) -> Mode:
         """The mode the given rows need."""
-        h, rows = self.owner.host, np.asarray(rows, np.int64)
-        t, k, p, pen = (h[name][rows] for name, _, _ in _FIELDS)
+        o, rows = self.owner, np.asarray(rows, np.int64)
+        t, k, p = (o.host[name][rows] for name in ("temperature", "top_k", "top_p"))
         draws = t > 0
         return Mode(bool(draws.any()), bool((draws & (k > 0) & (k < self.vocab)).any()),
-                    bool((draws & (p < 1)).any()), bool((pen != 1).any()),
-                    bool((self.owner.logprobs[rows] != NO_LOGPROBS).any()))
+                    bool((draws & (p < 1)).any()), bool(o.adjusting[rows].any()),
+                    bool((o.logprobs[rows] != NO_LOGPROBS).any()))
 
     @property
     def mode(self) -> Mode:
@@ -194,13 +231,10 @@ class Sampler:
         row draws); tail: the op's out, positions, counters and embed."""
         self.sync()
         m, o, n = self.mode, self.owner, self.batch
-        if not m.draws and not m.penalty:
+        if not m.draws and not m.adjust:
             return tk.argmax(logits, **tail)
-        d = o.dev
-        return tk.sample(logits, uniforms, temperature=d["temperature"][:n] if m.draws else 0,
-                         top_k=d["top_k"][:n] if m.top_k else 0, top_p=d["top_p"][:n] if m.top_p else 1.0,
-                         penalty=d["penalty"][:n] if m.penalty else 1.0,
-                         seen=o.seen[:n] if m.penalty else None, **tail)
+        return tk.sample(logits, uniforms, **_settings(m, {k: v[:n] for k, v in o.dev.items()},
+                                                       (o.seen, o.counts, o.bias), slice(n)), **tail)
 
     def pick_rows(self, logits, rows: Sequence[int]) -> tuple:
         """Token ids (int64, on the logits' device) for logits (len(rows), V) whose row i belongs
@@ -226,16 +260,38 @@ class Sampler:
             u = None if u is None else np.concatenate([u, np.zeros(pad, np.float32)])
         if u is not None:
             u = xp.asarray(u)
-        seen = o.seen[idx] if m.penalty else None
-        if not m.draws and not m.penalty:
+        if not m.draws and not m.adjust:
             tok = tk.argmax(logits)
-        else:
-            arr = {k: xp.asarray(v) for k, v in h.items()}
-            tok = tk.sample(logits, u, temperature=arr["temperature"] if m.draws else 0,
-                            top_k=arr["top_k"] if m.top_k else 0, top_p=arr["top_p"] if m.top_p else 1.0,
-                            penalty=arr["penalty"] if m.penalty else 1.0, seen=seen)
+        else:       # the adjust arrays gathered (copies: the rows' own are marked below)
+            tok = tk.sample(logits, u, **_settings(m, {k: xp.asarray(v) for k, v in h.items()},
+                                                   (o.seen, o.counts, o.bias), xp.asarray(idx)))
         scores = tk.logprobs(logits, tok, min(MAX_TOP, self.vocab)) if m.logprobs else None
         tok = tok[:n].astype(np.int64, copy=False)
         if o.seen is not None:
-            o.seen[xp.asarray(idx[:n]), tok] = 1
+            rows = xp.asarray(idx[:n])
+            o.seen[rows, tok] = 1
+            o.counts[rows, tok] += 1
         return tok, None if scores is None else tuple(a[:n] for a in scores)
+
+    def marks(self) -> tuple:
+        """A copy of what steps change (seen and counts), for restore: building a decode graph
+        runs steps."""
+        o = self.owner
+        return () if o.seen is None else (o.seen.copy(), o.counts.copy())
+
+    def restore(self, marks: tuple) -> None:
+        o = self.owner
+        if marks:
+            o.seen[...], o.counts[...] = marks
+
+
+def _settings(m: Mode, d: dict, adjust: tuple, rows) -> dict:
+    """tk.sample's keyword arguments for mode m from per-row settings d (on the device) and the
+    (seen, counts, bias) arrays' rows `rows`: what the mode does not use is left at its no-op."""
+    seen, counts, bias = adjust
+    out = dict(temperature=d["temperature"] if m.draws else 0, top_k=d["top_k"] if m.top_k else 0,
+               top_p=d["top_p"] if m.top_p else 1.0, min_p=d["min_p"] if m.draws else 0.0)
+    if m.adjust:
+        out.update(penalty=d["penalty"], presence=d["presence"], frequency=d["frequency"], seen=seen[rows],
+                   counts=counts[rows], bias=bias[rows])
+    return out
