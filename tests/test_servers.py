@@ -97,6 +97,13 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
     lps = [x for ch in streamed if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.token_logprobs]
     assert lps[0] is None and np.allclose(lps[len(lm.encode(["To be"])[0]):], [t.logprob for t in want.logprobs],
                                           atol=1e-6)
+    settings = dict(temperature=0.8, seed=2, min_p=0.05, presence_penalty=0.6, frequency_penalty=0.3,
+                    logit_bias={7: 4.0, 9: -100.0})
+    want = lm.generate("To be", max_new_tokens=8, top_k=0, **settings)[0]
+    r = c.completions.create(model="tiny", prompt="To be", max_tokens=8, presence_penalty=0.6, frequency_penalty=0.3,
+                             temperature=0.8, seed=2, logit_bias={"7": 4.0, "9": -100.0},
+                             extra_body={"min_p": 0.05, "top_k": 0}).choices[0]
+    assert r.text == want.text and 9 not in want.tokens
     status, tok = post(gpt_server.url("/tokenize"), json.dumps({"prompt": "To be"}).encode(),
                        {"content-type": "application/json"})
     assert status == 200 and json.loads(tok)["tokens"] == lm.encode(["To be"])[0]
@@ -132,6 +139,9 @@ def test_gpt_errors(gpt_server, gpt_locked):
     c = gpt_server.client()
     for kwargs, status in (({"logprobs": 21}, 400), ({"logprobs": -1}, 400), ({"logprobs": "x"}, 400),
                            ({"max_tokens": 0}, 400), ({"max_tokens": 1000}, 400), ({"top_p": 2.0}, 400),
+                           ({"logit_bias": {"999999": 1}}, 400), ({"logit_bias": {"5": 101}}, 400),
+                           ({"logit_bias": {"x": 1}}, 400), ({"extra_body": {"min_p": 1.5}}, 400), ({"presence_penalty": 3}, 400),
+                           ({"frequency_penalty": -2.5}, 400),
                            ({"n": 0}, 400), ({"model": "nope"}, 404)):
         args = {"model": "tiny", "prompt": "To be", "max_tokens": 5, **kwargs}
         with pytest.raises(openai.APIStatusError) as e:
@@ -140,7 +150,7 @@ def test_gpt_errors(gpt_server, gpt_locked):
         err = error_of(e.value)
         assert set(err) == {"message", "type", "param", "code"} and err["message"]
         if status == 400:
-            assert err["param"] == next(iter(kwargs)), (kwargs, err)
+            assert err["param"] == next(iter(kwargs.get("extra_body", kwargs))), (kwargs, err)
     status, body = get(gpt_server.url("/v1/nothing"))
     assert status == 404 and body["error"]["message"]
     status, body = post(gpt_server.url("/v1/completions"), b"{not json", {"content-type": "application/json"})
@@ -292,13 +302,17 @@ def test_asr_equals_cli(asr_server, asr_none, tiny, sounds):
     with open(ONE, "rb") as f:
         srt = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="srt", language="en",
                                             prompt="a hint", temperature=0)
-    assert srt == asr_cli(tiny, ONE, "output_format=srt")
+    assert srt == asr_cli(tiny, ONE, "output_format=srt", "context=a hint")     # OpenAI's prompt: our context
     with open(ONE, "rb") as f:
         v = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json")
     assert v.text == r.text and v.segments and v.segments[0].id == 0 and v.duration > 0
     cli_json = json.loads(asr_cli(tiny, ONE, "output_format=json"))
-    assert [(s.tokens, s.compression_ratio, s.no_speech_prob) for s in v.segments] == [
-        (s["tokens"], s["compression_ratio"], s["no_speech_prob"]) for s in cli_json["segments"]]
+    assert [(s.tokens, s.compression_ratio, s.no_speech_prob, s.avg_logprob) for s in v.segments] == [
+        (s["tokens"], s["compression_ratio"], s["no_speech_prob"], s["avg_logprob"]) for s in cli_json["segments"]]
+    with open(ONE, "rb") as f:      # a temperature of its own: sampled, seeded by the segment, as the CLI's
+        hot = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json", temperature=0.9)
+    cli_hot = json.loads(asr_cli(tiny, ONE, "output_format=json", "temperature=0.9"))["segments"]
+    assert [(s.tokens, s.temperature) for s in hot.segments] == [(s["tokens"], 0.9) for s in cli_hot]
     with open(sounds / "tone.wav", "rb") as f:
         t = asr_none.client("secret").audio.transcriptions.create(model="tinyasr", file=f, response_format="text")
     assert t == asr_cli(tiny, sounds / "tone.wav", "vad=none")
@@ -306,7 +320,8 @@ def test_asr_equals_cli(asr_server, asr_none, tiny, sounds):
 
 def test_asr_errors(asr_server, asr_none, sounds):
     c = asr_server.client()
-    for path, kwargs, status in ((ONE, {"temperature": 0.5}, 400), (ONE, {"response_format": "xml"}, 400),
+    for path, kwargs, status in ((ONE, {"temperature": 101}, 400), (ONE, {"response_format": "xml"}, 400),
+                                 (ONE, {"prompt": "word " * 2000}, 400),
                                  (ONE, {"model": "whisper-1"}, 404), (sounds / "notaudio.wav", {}, 415)):
         with open(path, "rb") as f, pytest.raises(openai.APIStatusError) as e:
             c.audio.transcriptions.create(**{"model": "tinyasr", "file": f, **kwargs})

@@ -63,38 +63,43 @@ def sync():
     torch.cuda.synchronize()
 
 
-def transcribe(asr, audios: list, vad=None, new: int = NEW) -> tuple[float, int]:
-    """Wall seconds for the files through the pipeline (`new` tokens a window), and the windows
-    transcribed."""
+def transcribe(asr, audios: list, vad=None, new: int = NEW, fallback=None) -> tuple[float, int]:
+    """Wall seconds for the files through the pipeline (`new` tokens a window; fallback: the loop
+    guard, which must keep every first attempt), and the windows transcribed."""
     from glm_asr.api import PROMPT
 
     sync()
     t = time.perf_counter()
     n = 0
     for name, segments, _ in asr.transcribe_many([(str(i), (lambda a=a: a)) for i, a in enumerate(audios)], PROMPT,
-                                                 new, vad=vad, ignore_eos=True):
+                                                 new, vad=vad, ignore_eos=True, fallback=fallback):
         assert not isinstance(segments, Exception), segments
+        assert all(s["temperature"] == 0 for s in segments), "the guard decoded a window again"
         n += len(segments)
     sync()
     return time.perf_counter() - t, n
 
 
-def decoder_step_ms(asr, batch: int) -> float:
+def decoder_step_ms(asr, batch: int, sampling=None) -> float:
     """ms of one decode step of the pipeline's engine at `batch` rows of a 30 s window's prompt
     length (the rows join in one prefill, as a batch of windows does), each measurement right
     after a warm-up of its own shape, as steps replay in a run (warmed once a shape instead,
-    batch 1 read 1.698 ms on two H200s; 1.663-1.675 so on four others)."""
+    batch 1 read 1.698 ms on two H200s; 1.663-1.675 so on four others). sampling: the rows'
+    (default: the pipeline's, greedy with each token scored)."""
+    from glm_asr.pipeline import SCORED
     from tilekernels.runtime import generate
+
+    sampling = sampling or SCORED
 
     m = asr.model
     ids = glm_prompt_ids(m.config, 375)
     x = m.prompt_embeds(ids, cupy.zeros((375, m.config.decoder.hidden_size), cupy.float32))
 
     def run(new: int) -> float:
-        generate(asr.engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)     # warm: compiles, captures
+        generate(asr.engine, [ids] * batch, new, sampling, embeds=[x] * batch, ignore_eos=True)   # warm: compiles
         sync()
         t = time.perf_counter()
-        generate(asr.engine, [ids] * batch, new, embeds=[x] * batch, ignore_eos=True)
+        generate(asr.engine, [ids] * batch, new, sampling, embeds=[x] * batch, ignore_eos=True)
         sync()
         return time.perf_counter() - t
     return (run(1 + NEW) - run(1)) / NEW * 1e3
@@ -215,8 +220,9 @@ def main():
     import transformers
     from transformers import WhisperFeatureExtractor
 
-    from glm_asr.pipeline import Transcriber
+    from glm_asr.pipeline import Fallback, Transcriber
     from glm_asr.vad import VadOptions
+    from tilekernels.runtime import GREEDY
     from tilekernels.runtime import set_precision
 
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -250,6 +256,18 @@ def main():
                 new_tokens=NEW, vad="none", **walls, first_pass_s=round(cold, 3),
                 realtime_factor=round(seconds / wall, 1))
             if precision == args.precisions.split(",")[0]:
+                # the loop guard on with thresholds nothing reaches (random weights: their tokens are far
+                # from any likely text), so every window is checked and none decoded again, passes
+                # interleaved with the guard off
+                guard = Fallback((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), 1e9, None)
+                transcribe(asr, audios, fallback=guard)
+                pairs = [(transcribe(asr, audios)[0], transcribe(asr, audios, fallback=guard)[0])
+                         for _ in range(PASSES)]
+                off, on = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+                row(**OURS, precision=precision, work=f"{args.files} files x 30 s, loop guard on (none falls back)",
+                    batch=asr.engine.max_batch, new_tokens=NEW, vad="none", wall_s=round(on, 3),
+                    guard_off_wall_s=round(off, 3), guard_cost=round(on / off - 1, 4),
+                    realtime_factor=round(seconds / on, 1))
                 transcribe(asr, audios, new=2 * NEW)           # the longer decode: its graphs
                 wall, walls, _ = timed(asr, audios, new=2 * NEW)
                 row(**OURS, precision=precision, work=f"{args.files} files x 30 s", batch=asr.engine.max_batch,
@@ -259,13 +277,14 @@ def main():
                     lat.append(transcribe(asr, audios[:1])[0] * 1e3)
                 row(**OURS, precision=precision, work="one 30 s clip", batch=1, new_tokens=NEW, vad="none",
                     latency_ms=round(statistics.median(lat[1:]), 1))
-                steps = {1: [], 64: []}
+                steps = {(b, scored): [] for b in (1, 64) for scored in (True, False)}
                 for _ in range(STEP_RUNS):
-                    for b, ms in steps.items():
-                        ms.append(decoder_step_ms(asr, b))
-                for b, ms in steps.items():
-                    row(**OURS, precision=precision, work="decoder step, 30 s window prompts", batch=b,
-                        step_ms=round(statistics.median(ms), 3), steps_ms=[round(v, 3) for v in ms])
+                    for (b, scored), ms in steps.items():
+                        ms.append(decoder_step_ms(asr, b, None if scored else GREEDY))
+                for (b, scored), ms in steps.items():
+                    row(**OURS, precision=precision, batch=b, step_ms=round(statistics.median(ms), 3),
+                        work="decoder step, 30 s window prompts" + ("" if scored else ", tokens not scored"),
+                        steps_ms=[round(v, 3) for v in ms])
                 if args.long_minutes > 0:
                     pool = cupy.get_default_memory_pool()
                     long = np.tile(np.concatenate(audios[:8]), int(np.ceil(args.long_minutes / 4)))

@@ -76,6 +76,7 @@ def test_json_segments_carry_tokens_compression_and_no_speech(tiny):
             assert tok.decode(seg["tokens"], skip_special_tokens=True).strip() == seg["text"]
             raw = seg["text"].encode()
             assert seg["compression_ratio"] == (round(len(raw) / len(zlib.compress(raw)), 3) if raw else 0.0)
+            assert -50 < seg["avg_logprob"] < 0         # the tokens' mean log-probability
         if vad == "none":
             assert all(seg["no_speech_prob"] is None for seg in segments)
             continue

@@ -274,6 +274,55 @@ def test_the_loop_guard_decodes_a_looping_segment_again(tiny):
     assert all(s.temperature in GUARD for s in strict.segments)      # every attempt fails: the least looping kept
 
 
+def test_the_loop_guard_retries_unlikely_segments(tiny):
+    """A segment whose tokens' mean log-probability is below logprob_threshold is decoded again;
+    when every attempt fails, the likeliest attempt that does not loop is kept, so the kept
+    segment is at least as likely as greedy's; None turns the check off."""
+    import glm_asr
+
+    asr = glm_asr.load(str(tiny), device="cpu")
+    clip = Path(__file__).parent / "fixtures" / "pause3s.flac"
+    greedy = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD, logprob_threshold=None)
+    loose = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD, logprob_threshold=-50.0)
+    assert [s.tokens for s in loose.segments] == [s.tokens for s in greedy.segments]
+    second = greedy.segments[1]
+    assert second.temperature == 0.0 and -50 < second.avg_logprob < 0
+    strict = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD, logprob_threshold=second.avg_logprob / 2)
+    kept = strict.segments[1]
+    assert kept.avg_logprob >= second.avg_logprob and kept.compression_ratio <= 2.4
+    again = asr.transcribe(clip, max_new_tokens=40, temperature=GUARD, logprob_threshold=second.avg_logprob / 2)
+    assert [(s.tokens, s.temperature) for s in again.segments] == [(s.tokens, s.temperature) for s in strict.segments]
+    with pytest.raises(glm_asr.ASRError, match="logprob_threshold must be"):
+        asr.transcribe(clip, temperature=GUARD, logprob_threshold=1.0)
+
+
+def test_context_is_read_after_the_instruction(tiny):
+    """context goes into the window's prompt after the instruction (the tokens the model reads
+    change, so do its scores on the tiny model); the CLI's option is the API's; one that leaves
+    no room is refused before any work."""
+    import glm_asr
+    from glm_asr.api import PROMPT
+    from glm_asr.pipeline import with_context
+
+    asr = glm_asr.load(str(tiny), device="cpu")
+    clip = Path(__file__).parent / "fixtures" / "one.flac"
+    assert with_context(PROMPT, "Ophelia, Elsinore") == f"{PROMPT}. Context: Ophelia, Elsinore"
+    assert with_context(PROMPT, None) == with_context(PROMPT, "") == PROMPT
+    plain = asr.transcribe(clip, max_new_tokens=12, vad="none")
+    hinted = asr.transcribe(clip, max_new_tokens=12, vad="none", context="Ophelia, Elsinore")
+    same = asr.transcribe(clip, max_new_tokens=12, vad="none", prompt=with_context(PROMPT, "Ophelia, Elsinore"))
+    assert (hinted.segments[0].tokens, hinted.segments[0].avg_logprob) == (same.segments[0].tokens,
+                                                                           same.segments[0].avg_logprob)
+    assert hinted.segments[0].avg_logprob != plain.segments[0].avg_logprob
+    r = cli(clip, f"model.path={tiny}", "device=cpu", "max_new_tokens=12", "vad=none", "output_format=json",
+            "context='Ophelia, Elsinore'")
+    assert r.returncode == 0, r.stderr
+    seg = json.loads(r.stdout)["segments"][0]
+    assert (seg["tokens"], seg["avg_logprob"]) == (hinted.segments[0].tokens, hinted.segments[0].avg_logprob)
+    with pytest.raises(glm_asr.ASRError, match="exceeds"):
+        asr.transcribe(clip, context="word " * 2000)
+
+
 def test_the_loop_guard_on_the_command_line(tiny, tmp_path):
     """temperature=[...] on the CLI gives the API's segments; bad values are one line each."""
     import glm_asr
@@ -287,6 +336,7 @@ def test_the_loop_guard_on_the_command_line(tiny, tmp_path):
         (s.tokens, s.temperature) for s in api.segments]
     for bad, message in (("temperature=x", "temperature must be a number"),
                          ("temperature=[0,-1]", "temperature must be a number from 0"),
-                         ("compression_ratio_threshold=0", "compression_ratio_threshold must be")):
+                         ("compression_ratio_threshold=0", "compression_ratio_threshold must be"),
+                         ("logprob_threshold=0.5", "logprob_threshold must be")):
         r = cli(clip, f"model.path={tiny}", "device=cpu", bad)
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr

@@ -21,11 +21,12 @@ from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 from tilekernels.runtime.sampler import MAX_TEMPERATURE
 
 from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
-from .pipeline import ENCODER_BATCH, MAX_BATCH, Fallback, Transcriber
+from .pipeline import ENCODER_BATCH, MAX_BATCH, Fallback, Transcriber, with_context
 from .subtitles import join_text
 from .vad import VadOptions
 
 COMPRESSION_RATIO_THRESHOLD = 2.4     # faster-whisper's: above it a segment's text is taken for a loop
+LOGPROB_THRESHOLD = -1.0              # faster-whisper's: below it a segment's tokens are taken for guesses
 
 HUB_ID = "zai-org/GLM-ASR-Nano-2512"
 PROMPT = "Please transcribe this audio into text"
@@ -43,6 +44,7 @@ class Segment:
     text: str
     tokens: list[int] = field(default_factory=list)     # the decoded token ids
     temperature: float = 0.0            # the attempt kept (the loop guard's: fallback_settings)
+    avg_logprob: float = 0.0            # the tokens' mean log-probability under the model (end token not counted)
     compression_ratio: float = 0.0      # text bytes / zlib-compressed bytes (Whisper's; loops compress well)
     no_speech_prob: float | None = None     # 1 - the VAD's mean speech probability (None: vad none)
 
@@ -97,18 +99,21 @@ class SpeechRecognizer:
                    max_new_tokens: int = 500, audio_stream: int | None = None, vad: str = "silero",
                    vad_options: dict | VadOptions | None = None, progress=None,
                    temperature: float | Sequence[float] = 0.0,
-                   compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Transcript:
+                   compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
+                   logprob_threshold: float | None = LOGPROB_THRESHOLD, context: str | None = None) -> Transcript:
         """The transcript of a file (any format the CLI reads; '-' is standard input) or of
         samples ((n,) or (n, channels) at sample_rate: mixed to mono, resampled to 16 kHz).
         vad='silero': one segment per stretch of speech, its times the speech's (silence is not
         decoded); 'none': fixed 30 s windows. vad_options: VadOptions or a dict of its fields.
         Raises ASRError for input that cannot be transcribed. progress: anything with
         update(seconds) (a tqdm bar), told the audio done window by window. temperature: one, or
-        the loop guard's list (fallback_settings)."""
+        the loop guard's list (fallback_settings). prompt is the instruction; context: text the
+        model reads after it (names, terms, what was said before: pipeline.with_context)."""
         with _one_line():
+            prompt = with_context(prompt, context)
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
-            guard = fallback_settings(temperature, compression_ratio_threshold)
+            guard = fallback_settings(temperature, compression_ratio_threshold, logprob_threshold)
             if isinstance(audio, np.ndarray):
                 return self._one("<samples>", lambda: _samples(audio, sample_rate), prompt, max_new_tokens, progress,
                                  options, guard)
@@ -131,16 +136,19 @@ class SpeechRecognizer:
                         audio_stream: int | None = None, vad: str = "silero",
                         vad_options: dict | VadOptions | None = None, progress=None,
                         ignore_eos: bool = False, temperature: float | Sequence[float] = 0.0,
-                        compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Iterator[Transcript]:
+                        compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
+                        logprob_threshold: float | None = LOGPROB_THRESHOLD,
+                        context: str | None = None) -> Iterator[Transcript]:
         """transcribe of each input, all through one pipeline (windows of different files decode
         together), yielded in order as each completes; an input that cannot be transcribed
         yields a Transcript with .error set, and the others go on. ignore_eos: decode
         max_new_tokens a window whatever comes (benchmarks: the same work every run). A live
         iterable may yield None for "nothing new yet": the work in flight goes on."""
         with _one_line():
+            prompt = with_context(prompt, context)
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
-            guard = fallback_settings(temperature, compression_ratio_threshold)
+            guard = fallback_settings(temperature, compression_ratio_threshold, logprob_threshold)
         with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
             def opener(name: str):
                 return lambda: Audio(stdin_to_file(scratch) if name == "-" else name, audio_stream, name=name)
@@ -157,11 +165,12 @@ class SpeechRecognizer:
                     yield Transcript(name, [Segment(**s) for s in result], seconds=seconds)
 
 
-def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD) -> Fallback:
+def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
+                      logprob_threshold: float | None = LOGPROB_THRESHOLD) -> Fallback:
     """The loop guard (pipeline.Fallback) of a temperature or a list of them (faster-whisper's
     default list: 0, 0.2, 0.4, 0.6, 0.8, 1.0): a segment whose text's compression ratio is above
-    compression_ratio_threshold is decoded again at the next temperature. One temperature: no
-    guard."""
+    compression_ratio_threshold or whose tokens' mean log-probability is below logprob_threshold
+    (None: not checked) is decoded again at the next temperature. One temperature: no guard."""
     temps = [temperature] if isinstance(temperature, str) or not hasattr(temperature, "__len__") \
         else list(temperature)
     if not temps:
@@ -173,7 +182,10 @@ def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESS
     r = compression_ratio_threshold
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < float("inf"):
         raise ValueError(f"compression_ratio_threshold must be a finite number > 0, got {r!r}")
-    return Fallback(tuple(float(t) for t in temps), float(r))
+    lp = logprob_threshold
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, (int, float)) or not -float("inf") < lp <= 0):
+        raise ValueError(f"logprob_threshold must be a finite number <= 0 or None, got {lp!r}")
+    return Fallback(tuple(float(t) for t in temps), float(r), None if lp is None else float(lp))
 
 
 def vad_settings(vad: str, options) -> VadOptions | None:

@@ -6,7 +6,7 @@
   pending files' together, between the engine's steps (on the CPU: worker processes);
 - on the GPU: features, the encoder encoder_batch windows at a time, and every window one
   greedy request of the runtime's continuous-batching engine, so windows of different files
-  decode together (max_batch at once);
+  decode together (max_batch at once), each token scored (avg_logprob) in the same step;
 - per file: its segments reassembled in order, the file handed back once all are done.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import GREEDY, CheckpointError, Engine, Request, Sampling, check_length, freeze_heap, \
+from tilekernels.runtime import CheckpointError, Completion, Engine, Request, Sampling, check_length, freeze_heap, \
     generate, load_tokenizer, using, warm_up
 from tilekernels.runtime.profile import stage
 
@@ -36,6 +36,7 @@ SLOT_POSITIONS = 1024      # a window's prompt and its new tokens (30 s of speec
                            # decode attention blocks past every row's end and twice the KV cache's memory
 POLL_S = 0.001             # the wait for a window while the GPU is still encoding
 _END = object()             # a source iterator's end
+SCORED = Sampling(temperature=0, logprobs=0)    # greedy, each token's log-probability kept (avg_logprob)
 
 
 def decode(engine: Engine, ids: list[int], audio_embeds, max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
@@ -53,6 +54,7 @@ class _File:
     """One input on its way through: its segments by window index as they finish."""
     name: str
     texts: dict = field(default_factory=dict)
+    scores: dict = field(default_factory=dict)          # window index -> its tokens' mean log-probability
     windows: list = field(default_factory=list)
     total: int | None = None        # windows, once the reader has seen them all
     seconds: float = 0.0            # the input's duration (once read)
@@ -61,8 +63,9 @@ class _File:
     show: bool = False              # whether its segments go to transcribe_many's partial as they come
     shown: int = 0                  # segments handed to partial so far
     fallback: "Fallback | None" = None      # its loop guard (None: greedy only)
+    instruction: str | None = None          # its own (None: the run's)
     temperatures: dict = field(default_factory=dict)    # window index -> the temperature kept
-    attempts: dict = field(default_factory=dict)        # window index -> [(ratio, attempt, tokens)]
+    attempts: dict = field(default_factory=dict)        # window index -> [(ratio, avg_logprob, attempt, tokens)]
 
     @property
     def complete(self) -> bool:
@@ -72,17 +75,43 @@ class _File:
 @dataclass(frozen=True)
 class Fallback:
     """The loop guard, as faster-whisper's: a segment whose text compresses better than
-    compression_ratio_threshold (a decode that repeats itself) is decoded again at the next of
-    temperatures, batched with the other work, its draws seeded by the segment's start time, so
-    that its text is the same in every run; when every attempt compresses that well, the one that
-    compresses least is kept. temperatures (0,) alone: off."""
+    compression_ratio_threshold (a decode that repeats itself) or whose tokens' mean
+    log-probability is below logprob_threshold (None: not checked) is decoded again at the next
+    of temperatures, batched with the other work, its draws seeded by the segment's start time, so
+    that its text is the same in every run. When every attempt fails, the likeliest (highest
+    avg_logprob) of those that do not loop is kept, else the likeliest. temperatures (0,) alone:
+    off."""
     temperatures: tuple[float, ...] = (0.0,)
     compression_ratio_threshold: float = 2.4
+    logprob_threshold: float | None = -1.0
 
     def draw(self, attempt: int, start_s: float) -> tuple[Sampling, int]:
         """The sampling of a segment's attempt and the seed of its draws."""
         t = self.temperatures[attempt]
-        return (GREEDY if t == 0 else Sampling(temperature=t)), int(round(start_s * 1000)) * 16 + attempt
+        return Sampling(temperature=t, logprobs=0), int(round(start_s * 1000)) * 16 + attempt
+
+    def failed(self, ratio: float, avg_logprob: float) -> bool:
+        return ratio > self.compression_ratio_threshold or (
+            self.logprob_threshold is not None and avg_logprob < self.logprob_threshold)
+
+    def kept(self, tried: list[tuple]) -> tuple:
+        """Of a window's attempts (ratio, avg_logprob, attempt, tokens), the one it keeps."""
+        if not self.failed(*tried[-1][:2]):
+            return tried[-1]
+        no_loop = [a for a in tried if a[0] <= self.compression_ratio_threshold]
+        return max(no_loop or tried, key=lambda a: (a[1], -a[2]))
+
+
+def with_context(instruction: str, context: str | None) -> str:
+    """The instruction a window's prompt carries, with the caller's context (names, terms, the
+    text before) after it: GLM-ASR reads both in its user turn."""
+    return instruction if not context else f"{instruction}. Context: {context}"
+
+
+def avg_logprob(out: Completion) -> float:
+    """The mean log-probability of a completion's tokens (0 for none; the end token not counted)."""
+    scores = out.logprobs or []
+    return sum(t.logprob for t in scores) / len(scores) if scores else 0.0
 
 
 def compression_ratio(text: str) -> float:
@@ -100,8 +129,9 @@ class _InFlight:
         self.done = 0
         self.fallback = fallback
 
-    def add(self, name: str, show: bool) -> int:
-        self.files.append(_File(name, show=show, fallback=self.fallback))
+    def add(self, name: str, show: bool, fallback: Fallback | None = None, instruction: str | None = None) -> int:
+        """A new file's place; fallback, instruction: its own (None: the run's)."""
+        self.files.append(_File(name, show=show, fallback=fallback or self.fallback, instruction=instruction))
         return len(self.files) - 1
 
     def live(self, index: int) -> bool:
@@ -160,7 +190,7 @@ class Transcriber:
         size, then the encoder, prefill and first decode steps of a group of each size from 1 to
         encoder_batch windows (after the engine's, whose prompts may regrow the prefill's staging), and
         the VAD's kernels."""
-        warm_up(self.engine)
+        warm_up(self.engine, (SCORED,))
         if self.model.xp is not np:
             self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
         window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)], self.model.config.encoder.num_mel_bins,
@@ -195,7 +225,8 @@ class Transcriber:
         dropped(name): whether a file's requester has gone; its reading stops, its windows leave
         the engine, and it ends with Dropped. partial(name, segment, prompt tokens, new tokens):
         each segment of a source given as (name, open, True), as soon as it and those before it
-        are decoded (a stream's text). fallback: the loop guard (None: greedy only)."""
+        are decoded (a stream's text). fallback: the loop guard (None: greedy only); a source
+        (name, open, show, fallback, instruction) brings its own of either."""
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
@@ -248,7 +279,8 @@ class Transcriber:
                 return True
             if item is None:
                 return False
-            readers.submit(flight.add(item[0], show=item[2:3] == (True,)), item[1])
+            show, fallback, instruction = (*item[2:], None, None, None)[:3]
+            readers.submit(flight.add(item[0], show is True, fallback, instruction), item[1])
         return False
 
     @staticmethod
@@ -301,19 +333,19 @@ class Transcriber:
         """Keep a finished attempt's tokens as its window's text, or queue the next attempt (the
         loop guard, Fallback): whether it was queued again."""
         _, n, w, attempt = r.tag
-        tokens, g = r.out.tokens, f.fallback
+        tokens, g, score = r.out.tokens, f.fallback, avg_logprob(r.out)
         if g is None or len(g.temperatures) == 1:
-            f.texts[n], f.temperatures[n] = tokens, 0.0 if g is None else g.temperatures[0]
+            f.texts[n], f.scores[n], f.temperatures[n] = tokens, score, 0.0 if g is None else g.temperatures[0]
             return False
         ratio = compression_ratio(self.tok.decode(tokens, skip_special_tokens=True).strip())
         tried = f.attempts.setdefault(n, [])
-        tried.append((ratio, attempt, tokens))
-        if ratio > g.compression_ratio_threshold and attempt + 1 < len(g.temperatures):
+        tried.append((ratio, score, attempt, tokens))
+        if g.failed(ratio, score) and attempt + 1 < len(g.temperatures):
             sampling, seed = g.draw(attempt + 1, w.start_s)
             self.engine.add(Request(r.prompt, r.max_new_tokens, sampling, seed, eos=r.eos, embeds=r.embeds,
                                     tag=(r.tag[0], n, w, attempt + 1)))
             return True
-        _, kept, f.texts[n] = tried[-1] if ratio <= g.compression_ratio_threshold else min(tried, key=lambda a: a[:2])
+        _, f.scores[n], kept, f.texts[n] = g.kept(tried)
         f.temperatures[n] = g.temperatures[kept]
         del f.attempts[n]
         return False
@@ -360,10 +392,10 @@ class Transcriber:
             emb = m.encode(featurize([w for _, _, w in group], n_mels, xp))
             eos = frozenset() if ignore_eos else frozenset(m.eos_ids)
             for j, (index, n, w) in enumerate(group):
-                ids = self.prompt_ids(w.tokens, instruction)
+                ids = self.prompt_ids(w.tokens, files[index].instruction or instruction)
                 files[index].windows.append((n, w.start_s, w.end_s, w.speech))
                 files[index].prompts[n] = len(ids)
-                sampling, seed = (GREEDY, None) if files[index].fallback is None else files[index].fallback.draw(0, w.start_s)
+                sampling, seed = (SCORED, None) if files[index].fallback is None else files[index].fallback.draw(0, w.start_s)
                 self.engine.add(Request(ids, max_new_tokens, sampling, seed, eos=eos,
                                         embeds=m.prompt_embeds(ids, emb[j, :w.tokens]), tag=(index, n, w, 0)))
             if xp is not np:
@@ -371,12 +403,13 @@ class Transcriber:
 
     def _segment(self, f: _File, n: int, start: float, end: float, speech: float | None) -> dict:
         """A window's segment: its times, text and tokens, the text's compression ratio (as Whisper
-        computes it: a looping decode compresses well) and no_speech_prob: 1 minus the VAD's mean
-        speech probability over it (None where no VAD ran)."""
+        computes it: a looping decode compresses well), its tokens' mean log-probability and
+        no_speech_prob: 1 minus the VAD's mean speech probability over it (None where no VAD ran)."""
         tokens = [int(t) for t in f.texts[n]]
         text = self.tok.decode(tokens, skip_special_tokens=True).strip()
         return {"start": round(start, 3), "end": round(end, 3), "text": text, "tokens": tokens,
-                "temperature": f.temperatures.get(n, 0.0), "compression_ratio": round(compression_ratio(text), 3),
+                "temperature": f.temperatures.get(n, 0.0), "avg_logprob": round(f.scores.get(n, 0.0), 4),
+                "compression_ratio": round(compression_ratio(text), 3),
                 "no_speech_prob": None if speech is None else round(1.0 - speech, 4)}
 
     def _segments(self, f: _File) -> list[dict]:

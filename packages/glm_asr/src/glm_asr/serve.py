@@ -4,10 +4,11 @@
     curl localhost:8000/v1/audio/transcriptions -F file=@talk.flac -F response_format=srt
 
 POST /v1/audio/transcriptions (multipart: file, model, response_format json | text | srt | vtt |
-verbose_json, temperature (only 0), timestamp_granularities[] (only segment), stream (true: server-
-sent transcript.text.delta events a segment as it is decoded, then transcript.text.done; json and
-text), language and prompt (accepted and ignored: OpenAI's prompt is a style/context hint, not our
-instruction; the instruction is the server's `prompt` option)), GET
+verbose_json, temperature (0: the server's loop guard, its `temperature` list and thresholds, greedy
+by default; above 0: that temperature alone, seeded per segment), timestamp_granularities[] (only
+segment), stream (true: server-sent transcript.text.delta events a segment as it is decoded, then
+transcript.text.done; json and text), language (accepted, unused) and prompt (OpenAI's style or
+context hint: our `context`, read after the instruction, the server's `prompt` option)), GET
 /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
 for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
@@ -25,7 +26,7 @@ import queue
 import re
 import shutil
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import hydra
@@ -35,17 +36,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config
+from tilekernels.runtime.sampler import MAX_TEMPERATURE
 from tilekernels.runtime.cli import Float, Str, config_dir, exit_with_one_line_errors, options
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Job, Metrics, ThreadWorker,
                                         UploadTooLarge, check_model, limited, make_app, run_server, submit, too_large,
                                         wait)
 
-from .api import ASRError, Segment, SpeechRecognizer, Transcript, load, vad_settings
+from .api import ASRError, Segment, SpeechRecognizer, Transcript, fallback_settings, load, vad_settings
 from .audio import Audio, AudioError
 from .formats import join, render
 from .subtitles import join_text
-from .pipeline import Dropped
-from .transcribe import MODEL_OPTIONS, vad_options
+from .pipeline import Dropped, with_context
+from .transcribe import MODEL_OPTIONS, loop_guard, vad_options
 from .vad import stop_workers
 
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -96,7 +98,7 @@ class SharedPipeline(ThreadWorker):
             key = str(next(self._ids))
             self._jobs[key] = job
             self.metrics.running.set(len(self._jobs))
-            yield key, job.source[1], job.stream
+            yield key, job.source[1], job.stream, job.guard, job.instruction
 
     def _partial(self, key: str, segment: dict, prompt_tokens: int, new_tokens: int) -> None:
         """A segment of a streamed upload as soon as it is decoded."""
@@ -156,9 +158,10 @@ def _request_settings(form, model_id: str, default_format: str) -> tuple:
             t = float(temperature)
         except ValueError:
             raise APIError(400, f"temperature must be a number, got {temperature!r}", "temperature") from None
-        if t != 0:
-            raise APIError(400, "only temperature 0 (greedy decoding) is supported", "temperature",
-                           "unsupported_parameter")
+        if not 0 <= t <= MAX_TEMPERATURE:
+            raise APIError(400, f"temperature must be from 0 to {MAX_TEMPERATURE:g}, got {temperature!r}",
+                           "temperature")
+        fields["temperature"] = t
     return upload, fields, fmt, stream == "true"
 
 
@@ -180,7 +183,18 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
     asr = asr or load(str(source), o["device"], max_batch=o["max_batch"], precision=o["precision"])
-    asr.transcriber.check(o["prompt"], o["max_new_tokens"])
+    asr.transcriber.check(with_context(o["prompt"], o["context"]), o["max_new_tokens"])
+    guard = fallback_settings(**loop_guard(cfg, o))     # a request's temperature 0; above 0 its own
+
+    def instruction(fields: dict) -> str:
+        """A request's instruction: the server's, with the request's prompt as its context (else
+        the server's context option); 400 if a window's prompt could not fit it."""
+        text = with_context(o["prompt"], fields.get("prompt") or o["context"])
+        try:
+            asr.transcriber.check(text, o["max_new_tokens"])
+        except ValueError as e:
+            raise APIError(400, f"prompt too long: {e}", "prompt") from None
+        return text
     if asr.transcriber.model.xp is not np:     # compiles and captures; on the CPU there are none
         asr.transcriber.warm_up(o["prompt"])
     max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
@@ -213,6 +227,7 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
             raise APIError(400, f"cannot read the form: {e}") from None
         try:
             upload, fields, fmt, stream = _request_settings(form, model_id, default_format)
+            prompt = instruction(fields)
             name, path = await _save_upload(upload, scratch)
         finally:
             await form.close()
@@ -224,6 +239,9 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
 
         job = Job()
         job.source, job.stream = (name, lambda: Audio(path, o["audio_stream"], name=name)), stream
+        t = fields.get("temperature") or 0.0
+        job.guard = guard if t == 0 else replace(guard, temperatures=(t,))
+        job.instruction = prompt
         job = submit(worker(), job)
         if seconds:
             job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(seconds))
@@ -294,9 +312,9 @@ async def _next(request: Request, job: Job):
 
 def _verbose_segment(i: int, s: dict) -> dict:
     """A segment in OpenAI's verbose_json shape; no_speech_prob where the VAD cut it (vad none:
-    absent), avg_logprob not given (the engine does not return logprobs yet)."""
+    absent)."""
     out = {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": s["tokens"],
-           "temperature": s["temperature"], "compression_ratio": s["compression_ratio"]}
+           "temperature": s["temperature"], "avg_logprob": s["avg_logprob"], "compression_ratio": s["compression_ratio"]}
     if s["no_speech_prob"] is not None:
         out["no_speech_prob"] = s["no_speech_prob"]
     return out

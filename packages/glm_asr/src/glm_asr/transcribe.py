@@ -16,27 +16,30 @@ import hydra
 from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
-from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptInt, OptStr, Precision, Str, config_dir,
+from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptFloat, OptInt, OptStr, Precision, Str, config_dir,
                                      exit_with_one_line_errors, options, profile_at_exit, split_args)
 from tilekernels.runtime.profile import mark
 
 from .api import fallback_settings, load
 from .audio import expand_inputs
 from .formats import FORMATS, output_names, render, write_atomic
+from .pipeline import with_context
 from .vad import start_workers
 
 _FILES: list[str] = []
 # the options of every glm_asr command (transcribe, bulk, serve: its requests' defaults)
-MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "device": Device, "precision": Precision,
-                 "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")), "max_batch": Int(min=1)}
+MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "context": OptStr, "device": Device, "precision": Precision,
+                 "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")), "max_batch": Int(min=1),
+                 "compression_ratio_threshold": Float(gt=0), "logprob_threshold": OptFloat(max=0)}
 # those transcribe and bulk share: the files written
 SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
-                  "encoder_batch": Int(min=1), "compression_ratio_threshold": Float(gt=0)}
+                  "encoder_batch": Int(min=1)}
 TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool}
 
 
 def run(cfg: DictConfig, args: list[str]) -> int:
     o = options(cfg, TRANSCRIBE_OPTIONS)
+    o["prompt"] = with_context(o["prompt"], o["context"])
     profile_at_exit(o["profile"])
     mark("options read")
     fmt, out_dir = o["output_format"], o["output_dir"]
@@ -97,10 +100,10 @@ def run(cfg: DictConfig, args: list[str]) -> int:
 
 
 def loop_guard(cfg, o: dict) -> dict:
-    """temperature and compression_ratio_threshold as transcribe_many takes them, checked
-    (fallback_settings) before the model loads."""
+    """temperature and the thresholds as transcribe_many takes them, checked (fallback_settings)
+    before the model loads."""
     guard = {"temperature": temperatures(cfg.get("temperature", 0.0)),
-             "compression_ratio_threshold": o["compression_ratio_threshold"]}
+             "compression_ratio_threshold": o["compression_ratio_threshold"], "logprob_threshold": o["logprob_threshold"]}
     fallback_settings(**guard)
     return guard
 

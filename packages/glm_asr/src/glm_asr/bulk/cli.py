@@ -14,6 +14,7 @@ from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit
     split_args
 
 from ..formats import output_names
+from ..pipeline import with_context
 from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, loop_guard, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
 from .manifest import plan_tasks, probe_duration, read_manifest
@@ -30,6 +31,7 @@ def check_options(cfg, inputs: list[str]) -> dict:
     """bulk's options (BULK_OPTIONS) checked, with what they must hold together: a manifest (or the
     one argument) and an output_dir that can be a directory; scheduler without gpus or workers."""
     o = options(cfg, BULK_OPTIONS)
+    o["prompt"] = with_context(o["prompt"], o["context"])
     if inputs and o["manifest"] is None and len(inputs) == 1:
         o["manifest"] = inputs[0]
     elif inputs:
@@ -108,7 +110,8 @@ def run(cfg, inputs: list[str] = ()) -> int:
            "prompt": o["prompt"], "max_new_tokens": o["max_new_tokens"], "audio_stream": o["audio_stream"],
            "device": o["device"], "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")),
            "max_batch": o["max_batch"], "encoder_batch": o["encoder_batch"], "precision": o["precision"],
-           "temperature": o["temperature"], "compression_ratio_threshold": o["compression_ratio_threshold"]}
+           "temperature": o["temperature"], "compression_ratio_threshold": o["compression_ratio_threshold"],
+           "logprob_threshold": o["logprob_threshold"]}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 

@@ -106,7 +106,8 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
     with _MODEL_LOCK:
         asr, _ = worker_transcriber(job)
         feed = _feed(asr, {k: job[k] for k in ("prompt", "max_new_tokens", "audio_stream", "vad", "vad_options",
-                                               "temperature", "compression_ratio_threshold")})
+                                               "temperature", "compression_ratio_threshold",
+                                               "logprob_threshold")})
     out_dir = Path(job["output_dir"])
     results = [{"name": name, "seconds": 0.0, "error": None, "warnings": [], "exists": (out_dir / name).exists()}
                for _, _, name in files]
