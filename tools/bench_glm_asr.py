@@ -53,7 +53,7 @@ PASSES = 3          # timed passes a figure (their median), after a pass that co
 STEP_RUNS = 5       # measurements of the decoder step at each batch (their median)
 OURS = {"system": "tile-inference", "model": "glm-asr-nano"}
 WINDOW = 480000     # 30 s at 16 kHz
-FIGURES = ("realtime_factor", "vad_added_pct", "latency_ms", "step_ms", "gpu_pool_peak_gb")
+FIGURES = ("realtime_factor", "vad_added_pct", "latency_ms", "step_ms", "gpu_pool_peak_gb", "guard_cost")
 
 
 def sync():

@@ -915,24 +915,31 @@ def test_sample(poisoned, rng, rows, n, cfg):
 
 
 def test_sample_rows_with_settings_of_their_own(poisoned, rng):
-    """Per-row settings in one call (greedy, penalised, top-k, top-p rows together) draw what
-    each row's settings draw alone, with the searches run for every row."""
+    """Per-row settings in one call (greedy, penalised, biased, top-k, top-p, min-p rows
+    together) draw what each row's settings draw alone, with the searches run for every row."""
     import cupy
 
     rows, n = len(SAMPLERS), 50257
     x = sampled_logits(rng, rows, n)
     u = rng.random(rows, dtype=np.float32)
     seen = (rng.random((rows, n)) < 0.1).astype(np.uint8)
+    counts = (rng.integers(0, 3, (rows, n)) * (rng.random((rows, n)) < 0.2)).astype(np.float32)
+    bias = np.array([rng.uniform(-5, 5, n) * (rng.random(n) < 0.05) * bool(c.get("bias")) for c in SAMPLERS],
+                    np.float32)
     col = {k: np.array([c.get(k, d) for c in SAMPLERS], dt)
            for k, d, dt in (("temperature", 1.0, np.float32), ("top_k", 0, np.int32), ("top_p", 1.0, np.float32),
-                            ("penalty", 1.0, np.float32))}
-    dseen = cupy.asarray(seen)
-    got = tk.sample(cupy.asarray(x), cupy.asarray(u), seen=dseen, **{k: cupy.asarray(v) for k, v in col.items()}).get()
+                            ("penalty", 1.0, np.float32), ("min_p", 0.0, np.float32), ("presence", 0.0, np.float32),
+                            ("frequency", 0.0, np.float32))}
+    dseen, dcounts = cupy.asarray(seen), cupy.asarray(counts)
+    got = tk.sample(cupy.asarray(x), cupy.asarray(u), seen=dseen, counts=dcounts, bias=cupy.asarray(bias),
+                    **{k: cupy.asarray(v) for k, v in col.items()}).get()
     for r, cfg in enumerate(SAMPLERS):
-        alone = tk.sample(cupy.asarray(x[r:r + 1]), cupy.asarray(u[r:r + 1]), **cfg,
-                          seen=cupy.asarray(seen[r:r + 1])).get()
+        alone = tk.sample(cupy.asarray(x[r:r + 1]), cupy.asarray(u[r:r + 1]), **{k: col[k][r].item() for k in col},
+                          seen=cupy.asarray(seen[r:r + 1]), counts=cupy.asarray(counts[r:r + 1]),
+                          bias=cupy.asarray(bias[r:r + 1])).get()
         assert got[r] == alone[0], (r, cfg)
     assert dseen.get()[np.arange(rows), got].all()
+    assert np.array_equal(dcounts.get(), counts + np.eye(n, dtype=np.float32)[got])
 
 
 def test_sample_distribution(rng):

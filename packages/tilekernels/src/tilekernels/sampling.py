@@ -65,9 +65,6 @@ def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: flo
     at least min_p times the largest's (x >= max + temperature ln min_p, in float32). At least
     the largest value survives."""
     keep = np.ones(x.shape, bool)
-    if min_p > 0:
-        floor = x.max(-1, keepdims=True) + np.float32(temperature) * np.log(np.float32(min_p))
-        keep &= x >= floor
     n = x.shape[-1]
     if 0 < top_k < n:
         keep &= x >= np.partition(x, n - top_k, axis=-1)[:, n - top_k, None]
@@ -79,6 +76,8 @@ def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: flo
             before = np.concatenate([[0.0], np.cumsum(w[r, order])[:-1]])
             above = before[np.searchsorted(-xs, -xs, side="left")]      # mass of strictly larger values
             keep[r, order] &= above < top_p * w[r].sum()
+    if min_p > 0:
+        keep &= x >= x.max(-1, keepdims=True) + np.float32(temperature) * np.log(np.float32(min_p))
     return keep
 
 
