@@ -78,8 +78,8 @@ GREEDY = Sampling(temperature=0)
 
 class Mode(NamedTuple):
     """Which parts of the op a batch's rows need: a draw (some row samples), each filter's
-    search, the adjusted logits (a penalty or a bias), and whether some row asks for logprobs. A captured decode graph runs
-    one mode; all False is one argmax."""
+    search, the adjusted logits (a penalty or a bias), and whether some row asks for logprobs.
+    A captured decode graph runs one mode; all False is one argmax."""
     draws: bool
     top_k: bool
     top_p: bool
@@ -97,9 +97,9 @@ class Sampler:
     """The settings of `batch` rows, row by row (temperature, top_k, top_p, penalties, min_p),
     their random generators and, once a row adjusts its logits, the (batch, V) arrays of that on
     the logits' device: the mask of tokens seen so far (prompt and generated), the counts of
-    those generated (the op marks and counts what it chooses) and the bias. Each row draws its uniforms from a
-    numpy Generator of its own, one a step, so its tokens depend on its seed alone, not on the
-    rows beside it, and a seed draws the same tokens on the CPU and the GPU.
+    those generated (the op marks and counts what it chooses) and the bias. Each row draws its
+    uniforms from a numpy Generator of its own, one a step, so its tokens depend on its seed
+    alone, not on the rows beside it, and a seed draws the same tokens on the CPU and the GPU.
 
     Sampler(s, xp, batch, vocab, seed) gives every row the settings s, row b drawing from
     [seed, b]; rows(n) is the first n rows as a sampler of their own, sharing all of it, with
@@ -239,10 +239,10 @@ class Sampler:
     def pick_rows(self, logits, rows: Sequence[int]) -> tuple:
         """Token ids (int64, on the logits' device) for logits (len(rows), V) whose row i belongs
         to row rows[i] (a prefill's first tokens), each drawing one uniform from its row's
-        generator, and their scores when one of the rows asks for logprobs (else None). On the GPU the pick runs over a power of two of rows (copies of the last row
-        added, their picks dropped): cuTile compiles a kernel for each class of its arrays'
-        shapes, and warm_up builds the powers of two (another row count could compile a kernel of
-        its own mid-serve)."""
+        generator, and their scores when one of the rows asks for logprobs (else None). On the
+        GPU the pick runs over a power of two of rows (copies of the last row added, their picks
+        dropped): cuTile compiles a kernel for each class of its arrays' shapes, and warm_up
+        builds the powers of two (another row count could compile a kernel of its own mid-serve)."""
         o, xp = self.owner, self.xp
         idx = np.asarray(rows, np.int64)
         n = len(idx)
