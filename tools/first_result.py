@@ -174,8 +174,8 @@ def run_case(case: str, work: Path, kw: dict) -> dict:
 
 
 def record(model: str, work: Path) -> dict:
-    """Run what `model` launches (every batch size, both decoders' samplers, the encoder's groups,
-    the VAD, prompts of many lengths) and write its kernel manifest."""
+    """Run what `model` launches (every batch size, both decoders' samplers, scored steps and
+    prompts, the encoder's groups, the VAD, prompts of many lengths) and write its kernel manifest."""
     from tilekernels import cubins
     from tilekernels.runtime import Sampling, kernel_manifest, using, warm_up
 
@@ -187,6 +187,9 @@ def record(model: str, work: Path) -> dict:
         warm_up(lm.engine(), (Sampling(0.0), Sampling(0.8, 200, 0.9, 1.1), Sampling(1.0, 0, 1.0, 1.0)))
         for n, length in ((1, 1), (3, 7), (17, 100), (64, 30), (2, 700)):
             lm.generate([[464] * length] * n, max_new_tokens=8, seed=0)
+        for n, length in ((1, 5), (4, 30), (16, 100)):     # scored steps and prompts (logprobs, echo)
+            lm.generate([[464] * length] * n, max_new_tokens=8, seed=0, logprobs=5)
+            lm.score([[464] * length] * n, top=5)
         lm.logits([[464] * 33])
         c = lm.model.config
         with using(lm.precision):           # the manifest of the precision the model was loaded at
