@@ -284,7 +284,7 @@ def asr_server(request, tiny, tmp_path_factory):
 def asr_none(request, tiny, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("asr_none_tmp")
     s = start(request, "glm_asr.serve", [f"model.path={tiny}", "served_model_name=tinyasr", "vad=none",
-                                         "api_key=secret", "max_queue=0", "max_upload_mb=1"], tmp)
+                                         "api_key=secret", "max_queue=0", "max_upload_mb=1", "timeout_read=2"], tmp)
     yield s
     assert not list(tmp.rglob("upload*")) and not list(tmp.glob("glm_asr.serve.*")), "uploads left behind"
 
@@ -444,3 +444,82 @@ def test_asr_stream_events_join_to_the_text(asr_server):
         c.audio.transcriptions.create(model="tinyasr", file=f, stream=True, response_format="srt")
     assert error_of(e.value)["param"] == "response_format"
 
+
+
+def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
+    """/v1/realtime, OpenAI's transcription events: after the session update, appended pcm16 and
+    a commit give committed, deltas joining to the transcript, and completed; its text is the
+    CLI's for a WAV of the same samples (at 16 kHz; at 24 kHz resampled as a file is). Bad events
+    get error events and the session goes on; an empty commit does nothing; the api_key is
+    checked at the handshake."""
+    import base64
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    pcm, _ = sf.read(ONE, dtype="int16")
+    wav = tmp_path / "one.wav"
+    sf.write(wav, pcm, 16000, subtype="PCM_16")
+    want = asr_cli(tiny, wav, "output_format=json")
+    b64 = lambda a: base64.b64encode(a.astype("<i2").tobytes()).decode()     # noqa: E731
+
+    with connect(asr_server.url("/v1/realtime").replace("http", "ws"), open_timeout=30) as ws:
+        def event() -> dict:
+            return json.loads(ws.recv(timeout=60))
+
+        def send(**e) -> None:
+            ws.send(json.dumps(e))
+
+        assert event()["type"] == "transcription_session.created"
+        send(type="input_audio_buffer.append", audio=b64(pcm[:100]))
+        assert event()["error"]["code"] == "session_not_set_up"
+        send(type="transcription_session.update", session={"input_sample_rate": 16000, "turn_detection": None})
+        assert event()["type"] == "transcription_session.updated"
+        for bad, code in (({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value"),
+                          ({"type": "input_audio_buffer.append", "audio": "AA=="}, "invalid_value"),
+                          ({"type": "no.such.event"}, "unknown_event"),
+                          ({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}},
+                           "unsupported"),
+                          ({"type": "session.update", "session": {"input_sample_rate": 12345}}, "invalid_value")):
+            send(**bad)
+            got = event()
+            assert got["type"] == "error" and got["error"]["code"] == code, (bad, got)
+        ws.send(b"\x00\x01")
+        assert event()["error"]["code"] == "invalid_event"
+        send(type="input_audio_buffer.commit")          # nothing appended: nothing happens
+        send(type="input_audio_buffer.append", audio=b64(pcm[:3000]))
+        send(type="input_audio_buffer.clear")
+        assert event()["type"] == "input_audio_buffer.cleared"
+        for part in np.array_split(pcm, 4):
+            send(type="input_audio_buffer.append", audio=b64(part))
+        send(type="input_audio_buffer.commit")
+        committed = event()
+        assert committed["type"] == "input_audio_buffer.committed" and committed["previous_item_id"] is None
+        deltas = []
+        while (e := event())["type"] != "conversation.item.input_audio_transcription.completed":
+            assert e["type"] == "conversation.item.input_audio_transcription.delta", e
+            deltas.append(e["delta"])
+        assert e["item_id"] == committed["item_id"] and "".join(deltas) == e["transcript"]
+        assert e["transcript"] == json.loads(want)["text"]
+        assert [(s["start"], s["end"], s["text"]) for s in e["segments"]] == [
+            (s["start"], s["end"], s["text"]) for s in json.loads(want)["segments"]]
+        send(type="session.update", session={"input_sample_rate": 24000, "turn_detection": None})
+        assert event()["session"]["input_sample_rate"] == 24000
+        import librosa
+
+        up = np.round(librosa.resample(pcm.astype(np.float32) / 32768, orig_sr=16000, target_sr=24000) * 32768)
+        send(type="input_audio_buffer.append", audio=b64(np.clip(up, -32768, 32767).astype(np.int16)))
+        send(type="input_audio_buffer.commit")
+        assert event()["previous_item_id"] == committed["item_id"]
+        while (e := event())["type"] != "conversation.item.input_audio_transcription.completed":
+            pass
+        assert isinstance(e["transcript"], str)
+    with pytest.raises(InvalidStatus):
+        connect(asr_none.url("/v1/realtime").replace("http", "ws"), additional_headers={"Authorization": "Bearer no"},
+                open_timeout=30)
+    with connect(asr_none.url("/v1/realtime").replace("http", "ws"), open_timeout=30,
+                 additional_headers={"Authorization": "Bearer secret"}) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "transcription_session.created"
+        time.sleep(3)       # past that server's timeout_read (2 s): a live session is not an idle request
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "input_audio_buffer.cleared"

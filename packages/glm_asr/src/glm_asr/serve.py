@@ -8,7 +8,8 @@ verbose_json, temperature (0: the server's loop guard, its `temperature` list an
 by default; above 0: that temperature alone, seeded per segment), timestamp_granularities[] (only
 segment), stream (true: server-sent transcript.text.delta events a segment as it is decoded, then
 transcript.text.done; json and text), language (accepted, unused) and prompt (OpenAI's style or
-context hint: our `context`, read after the instruction, the server's `prompt` option)), GET
+context hint: our `context`, read after the instruction, the server's `prompt` option)), the
+/v1/realtime WebSocket (OpenAI's Realtime transcription events, push-to-talk: glm_asr.realtime), GET
 /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
 for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-from fastapi import Request
+from fastapi import Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from omegaconf import DictConfig
 
@@ -43,10 +44,11 @@ from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Jo
                                         wait)
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, fallback_settings, load, vad_settings
-from .audio import Audio, AudioError
+from .audio import SAMPLE_RATE, Audio, AudioError
 from .formats import join, render
 from .subtitles import join_text
 from .pipeline import Dropped, with_context
+from .realtime import OPENAI_RATE, Session, SessionError, error_event
 from .transcribe import MODEL_OPTIONS, loop_guard, vad_options
 from .vad import stop_workers
 
@@ -257,6 +259,52 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
             raise APIError(415 if "decod" in str(e).lower() or "read" in str(e).lower() else 400,
                            str(e), "file", "invalid_audio") from None
         return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
+
+    @app.websocket("/v1/realtime")
+    async def realtime(ws: WebSocket):
+        """OpenAI's Realtime transcription events, push-to-talk (glm_asr.realtime); the api_key
+        checked at the handshake (Authorization: Bearer, or the openai-insecure-api-key.* subprotocol)."""
+        key = cfg.get("api_key") or None
+        offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+        if key and ws.headers.get("authorization") != f"Bearer {key}" \
+                and f"openai-insecure-api-key.{key}" not in offered:
+            await ws.close(code=1008)       # refused at the handshake (403)
+            return
+        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+        lock, open_ = asyncio.Lock(), [True]
+
+        async def send(message: dict) -> None:
+            async with lock:
+                if open_[0]:
+                    try:
+                        await ws.send_text(json.dumps(message, ensure_ascii=False))
+                    except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
+                        open_[0] = False
+
+        def make_job(item: str, samples) -> Job:
+            job = Job()
+            job.source, job.stream = (item, lambda: samples), True
+            job.guard, job.instruction = guard, instruction({})
+            job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(len(samples) / SAMPLE_RATE))
+            return job
+
+        session = Session(send, worker, make_job, max_bytes)
+        await send({"type": "transcription_session.created",
+                    "session": {"input_audio_format": "pcm16", "input_sample_rate": OPENAI_RATE, "turn_detection": None}})
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                try:
+                    if message.get("text") is None:
+                        raise SessionError("events are JSON text frames", "invalid_event")
+                    await session.handle(message["text"])
+                except SessionError as e:
+                    await send(error_event(str(e), e.code, e.param))
+        finally:
+            open_[0] = False
+            session.close()
 
     return app, o
 

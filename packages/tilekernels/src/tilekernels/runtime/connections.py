@@ -5,6 +5,7 @@ end for a request's head (a client that connects and sends nothing, or sends its
 at a time) and for a body that stops arriving. Here a request's head must be complete within
 timeout_read of the connection or of its first byte, and a body may pause at most timeout_read
 (not counted while the server itself has paused reading); past either the connection is closed.
+A connection upgraded to a WebSocket (glm_asr.serve's /v1/realtime) leaves these deadlines.
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def timed_h11(timeout_read: float) -> type[asyncio.Protocol]:
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self.transport.get_protocol() is not self:
+                return self._disarm()           # upgraded to a WebSocket: its own protocol from here on
             state = self.conn.their_state
             if state is h11.SEND_BODY:
                 self._arm(again=True)           # a body: the longest pause counts
