@@ -503,6 +503,21 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
         assert e["transcript"] == json.loads(want)["text"]
         assert [(s["start"], s["end"], s["text"]) for s in e["segments"]] == [
             (s["start"], s["end"], s["text"]) for s in json.loads(want)["segments"]]
+        send(type="session.update", session={"input_audio_transcription": {"prompt": "word " * 2000}})
+        assert event()["type"] == "session.updated"
+        send(type="input_audio_buffer.append", audio=b64(pcm[:24000]))
+        send(type="input_audio_buffer.commit")          # the context leaves no room: refused, the audio kept
+        assert event()["error"]["param"] == "session.input_audio_transcription.prompt"
+        send(type="session.update", session={"input_audio_transcription": {"prompt": "Ophelia"}})
+        event()
+        send(type="input_audio_buffer.commit")
+        hinted = event()
+        while (e := event())["type"] != "conversation.item.input_audio_transcription.completed":
+            pass
+        assert hinted["previous_item_id"] == committed["item_id"]
+        sf.write(tmp_path / "head.wav", pcm[:24000], 16000, subtype="PCM_16")
+        assert e["transcript"] and e["transcript"] == json.loads(asr_cli(tiny, tmp_path / "head.wav", "output_format=json",
+                                                                         "context=Ophelia"))["text"]
         send(type="session.update", session={"input_sample_rate": 24000, "turn_detection": None})
         assert event()["session"]["input_sample_rate"] == 24000
         import librosa
@@ -510,7 +525,7 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
         up = np.round(librosa.resample(pcm.astype(np.float32) / 32768, orig_sr=16000, target_sr=24000) * 32768)
         send(type="input_audio_buffer.append", audio=b64(np.clip(up, -32768, 32767).astype(np.int16)))
         send(type="input_audio_buffer.commit")
-        assert event()["previous_item_id"] == committed["item_id"]
+        assert event()["previous_item_id"] == hinted["item_id"]
         while (e := event())["type"] != "conversation.item.input_audio_transcription.completed":
             pass
         assert isinstance(e["transcript"], str)

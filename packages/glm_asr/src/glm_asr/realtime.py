@@ -1,6 +1,7 @@
 """OpenAI's Realtime transcription over a WebSocket (/v1/realtime), push-to-talk: the client sets up
 the session (`transcription_session.update` or `session.update`: `input_audio_format` "pcm16", our
-`input_sample_rate`, default OpenAI's 24000, and `turn_detection` null), appends base64 PCM16
+`input_sample_rate`, default OpenAI's 24000, `turn_detection` null and, as OpenAI's, an
+`input_audio_transcription.prompt`: our context), appends base64 PCM16
 (`input_audio_buffer.append`) and commits (`input_audio_buffer.commit`); each commit is transcribed
 through the server's shared pipeline like an upload (the same VAD, guard and instruction), its
 segments sent as `conversation.item.input_audio_transcription.delta` as they are decoded, then
@@ -66,6 +67,7 @@ class Session:
     def __init__(self, send, worker, make_job, max_bytes: int):
         self.send, self.worker, self.make_job, self.max_bytes = send, worker, make_job, max_bytes
         self.rate: int | None = None        # set by the session update
+        self.context: str | None = None     # input_audio_transcription.prompt: the instruction's context
         self.buffer: list[np.ndarray] = []
         self.items = itertools.count()
         self.previous: str | None = None
@@ -110,10 +112,15 @@ class Session:
         if s.get("turn_detection") is not None:
             raise SessionError("turn_detection must be null: commit each turn (input_audio_buffer.commit); server "
                                "turn detection is not supported yet", "unsupported", "session.turn_detection")
+        asked = s.get("input_audio_transcription") or {}
+        context = asked.get("prompt") if isinstance(asked, dict) else None
+        if context is not None and not isinstance(context, str):
+            raise SessionError("input_audio_transcription.prompt must be a string",
+                               param="session.input_audio_transcription.prompt")
         if self.buffer and rate != self.rate:
             raise SessionError("commit or clear the audio before changing input_sample_rate",
                                param="session.input_sample_rate")
-        self.rate = rate
+        self.rate, self.context = rate, context if context is not None else self.context
         await self.send({"type": kind.replace("update", "updated"),
                          "session": {"input_audio_format": "pcm16", "input_sample_rate": rate, "turn_detection": None}})
 
@@ -122,10 +129,12 @@ class Session:
         if not self.buffer:
             return
         samples = to_16k(np.concatenate(self.buffer), self.rate)
-        self.buffer = []
-        item, previous = f"item_{next(self.items):04d}", self.previous
-        self.previous = item
-        job = self.make_job(item, samples)
+        item = f"item_{next(self.items):04d}"
+        try:
+            job = self.make_job(item, samples, self.context)
+        except Exception as e:  # noqa: BLE001 - the server refuses the settings (a context too long)
+            raise SessionError(str(e), param="session.input_audio_transcription.prompt") from None
+        self.buffer, previous, self.previous = [], self.previous, item
         self.jobs.add(job)
         task = asyncio.ensure_future(self.transcribe(item, previous, job))
         self.tasks.add(task)

@@ -281,10 +281,10 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
                     except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
                         open_[0] = False
 
-        def make_job(item: str, samples) -> Job:
+        def make_job(item: str, samples, context: str | None) -> Job:
             job = Job()
             job.source, job.stream = (item, lambda: samples), True
-            job.guard, job.instruction = guard, instruction({})
+            job.guard, job.instruction = guard, instruction({"prompt": context})
             job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(len(samples) / SAMPLE_RATE))
             return job
 
