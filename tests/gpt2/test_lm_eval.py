@@ -45,7 +45,8 @@ def test_lm_eval_loglikelihoods_equal_lm_score(request, tmp_path, monkeypatch):
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "tiny_choice.yaml").write_text(TASK)
     out = lm_eval.simple_evaluate(
-        model="local-completions", tasks=["tiny_choice"], task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+        model="local-completions", tasks=["tiny_choice"],
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
         model_args=f"base_url={server.url('/v1/completions')},model=tiny,num_concurrent=1,max_retries=1,"
                    "max_length=60",
         batch_size=4, log_samples=True)

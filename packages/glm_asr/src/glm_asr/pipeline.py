@@ -395,7 +395,8 @@ class Transcriber:
                 ids = self.prompt_ids(w.tokens, files[index].instruction or instruction)
                 files[index].windows.append((n, w.start_s, w.end_s, w.speech))
                 files[index].prompts[n] = len(ids)
-                sampling, seed = (SCORED, None) if files[index].fallback is None else files[index].fallback.draw(0, w.start_s)
+                guard = files[index].fallback
+                sampling, seed = (SCORED, None) if guard is None else guard.draw(0, w.start_s)
                 self.engine.add(Request(ids, max_new_tokens, sampling, seed, eos=eos,
                                         embeds=m.prompt_embeds(ids, emb[j, :w.tokens]), tag=(index, n, w, 0)))
             if xp is not np:

@@ -290,7 +290,8 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
 
         session = Session(send, worker, make_job, max_bytes)
         await send({"type": "transcription_session.created",
-                    "session": {"input_audio_format": "pcm16", "input_sample_rate": OPENAI_RATE, "turn_detection": None}})
+                    "session": {"input_audio_format": "pcm16", "input_sample_rate": OPENAI_RATE,
+                                "turn_detection": None}})
         try:
             while True:
                 message = await ws.receive()
@@ -362,7 +363,8 @@ def _verbose_segment(i: int, s: dict) -> dict:
     """A segment in OpenAI's verbose_json shape; no_speech_prob where the VAD cut it (vad none:
     absent)."""
     out = {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": s["tokens"],
-           "temperature": s["temperature"], "avg_logprob": s["avg_logprob"], "compression_ratio": s["compression_ratio"]}
+           "temperature": s["temperature"], "avg_logprob": s["avg_logprob"],
+           "compression_ratio": s["compression_ratio"]}
     if s["no_speech_prob"] is not None:
         out["no_speech_prob"] = s["no_speech_prob"]
     return out

@@ -28,8 +28,9 @@ from .vad import start_workers
 
 _FILES: list[str] = []
 # the options of every glm_asr command (transcribe, bulk, serve: its requests' defaults)
-MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "context": OptStr, "device": Device, "precision": Precision,
-                 "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")), "max_batch": Int(min=1),
+MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "context": OptStr, "device": Device,
+                 "precision": Precision, "audio_stream": OptInt(min=0), "vad": Str(choices=("silero", "none")),
+                 "max_batch": Int(min=1),
                  "compression_ratio_threshold": Float(gt=0), "logprob_threshold": OptFloat(max=0)}
 # those transcribe and bulk share: the files written
 SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
@@ -103,7 +104,8 @@ def loop_guard(cfg, o: dict) -> dict:
     """temperature and the thresholds as transcribe_many takes them, checked (fallback_settings)
     before the model loads."""
     guard = {"temperature": temperatures(cfg.get("temperature", 0.0)),
-             "compression_ratio_threshold": o["compression_ratio_threshold"], "logprob_threshold": o["logprob_threshold"]}
+             "compression_ratio_threshold": o["compression_ratio_threshold"],
+             "logprob_threshold": o["logprob_threshold"]}
     fallback_settings(**guard)
     return guard
 

@@ -106,7 +106,8 @@ class CompletionRequest:
                                      float(get("repetition_penalty", defaults["repetition_penalty"], float)),
                                      self.logprobs, self.logprobs if self.echo else None,
                                      float(get("min_p", 0.0, float)), float(get("presence_penalty", 0.0, float)),
-                                     float(get("frequency_penalty", 0.0, float)), _logit_bias(body.get("logit_bias"), vocab))
+                                     float(get("frequency_penalty", 0.0, float)),
+                                     _logit_bias(body.get("logit_bias"), vocab))
         except ValueError as e:
             raise APIError(400, str(e), str(e).split()[0]) from None
         if self.sampling.top_k > vocab:

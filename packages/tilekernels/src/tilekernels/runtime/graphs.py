@@ -205,7 +205,8 @@ class DecodeGraph:
         def collect(launched) -> Chunk:
             replay, ready = launched
             ready.synchronize()
-            return Chunk(replay.tokens.copy(), None if replay.scores is None else tuple(a.copy() for a in replay.scores))
+            scores = None if replay.scores is None else tuple(a.copy() for a in replay.scores)
+            return Chunk(replay.tokens.copy(), scores)
         return Pipelined([lambda r=r: (r, self._launch(r)) for r in replays], collect)
 
     def tokens(self, ids: np.ndarray, positions: np.ndarray, steps: int) -> Iterator[np.ndarray]:
