@@ -384,8 +384,12 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
         if req.echo:
             prompt_scores = None
             if req.logprobs is not None:    # the prompt's logprobs come with the first token's
+                waited = 0
                 while not job.future.done() and not all(r.out.prompt_logprobs is not None or r.finished
                                                         for r in job.requests):
+                    waited += 1
+                    if waited % 100 == 0 and await request.is_disconnected():
+                        return          # queued and gone: the job is cancelled below
                     await asyncio.sleep(0.005)
                 if job.future.done() and job.future.exception() is not None:
                     prompt_scores = [None] * len(req.ids)
