@@ -60,9 +60,7 @@ class CompletionRequest:
     max_rows rows: prompts x n), the token ids per row (prompt-major, n rows per prompt) and the
     sampling settings. Any fault is an APIError 400 naming the field."""
 
-    def __init__(self, body, defaults: dict, lm: LanguageModel, model_id: str, max_rows: int):
-        if not isinstance(body, dict):
-            raise APIError(400, "the body must be a JSON object")
+    def __init__(self, body: dict, defaults: dict, lm: LanguageModel, model_id: str, max_rows: int):
         check_model(body.get("model"), model_id)
         for name, why in UNSUPPORTED.items():
             if body.get(name) not in (None, {}, "", False):
@@ -227,11 +225,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         """The checked request and its job; a body past INLINE_BYTES in a thread (its parsing and
         tokenizing do not hold up the event loop, /health included), a small one at once (no
         hand-off to a thread for the common request)."""
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise APIError(400, "the body must be JSON") from None
-        req = CompletionRequest(body, defaults, lm, model_id, o["max_rows"])
+        req = CompletionRequest(_json_object(raw), defaults, lm, model_id, o["max_rows"])
         return req, EngineJob(requests(engine, req.ids, req.steps, req.sampling, req.seed, req.stop,
                                        lm.tokenizer), loop)
 
@@ -296,6 +290,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
 
 
 def _json_object(raw: bytes) -> dict:
+    """A request body parsed, if it is a JSON object (else a 400)."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
@@ -349,13 +344,14 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
     sent = [0] * len(req.ids)      # tokens of each row whose logprobs have gone out
     at = [0] * len(req.ids)        # their text's length, the next text_offset
 
-    def scores(index: int, upto: int | None = None) -> dict | None:
+    def scores(index: int) -> dict | None:
+        """The logprobs of row index's tokens not yet sent (None when none were asked)."""
         if req.logprobs is None:
             return None
         c = job.requests[index].out
         if not req.max_tokens:
             return _logprobs(tokenizer, [])
-        have = list(zip(c.tokens, c.logprobs or []))[sent[index]:upto]
+        have = list(zip(c.tokens, c.logprobs or []))[sent[index]:]
         lp = _logprobs(tokenizer, have, at[index])
         sent[index] += len(have)
         at[index] += sum(len(t) for t in lp["tokens"])

@@ -124,6 +124,26 @@ def device_stream(xp):
     return stream
 
 
+def copy_to_host(host: np.ndarray, a, stream) -> np.ndarray:
+    """Queue a copy of contiguous device array a into pinned host array host on stream (a
+    captured graph's last nodes, a prefill's first tokens); host is valid once the stream
+    gets there."""
+    import cupy
+
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  stream.ptr)
+    return host
+
+
+def to_host(a, stream) -> np.ndarray:
+    """copy_to_host into a new pinned array."""
+    import cupy
+    import cupyx
+
+    a = cupy.ascontiguousarray(a)
+    return copy_to_host(cupyx.empty_pinned(a.shape, a.dtype), a, stream)
+
+
 def freeze_heap() -> None:
     """Collect, then take every object alive (a loaded model, compiled kernels, captured graphs,
     configs) out of the garbage collector's full passes (gc.freeze). Each full pass scanned them

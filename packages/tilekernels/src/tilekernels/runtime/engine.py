@@ -105,7 +105,7 @@ class Engine:
                 raise ValueError(f"{name} must be in [0, {vocab}] (the vocabulary), got {getattr(s, name)}")
         if not all(0 <= token < vocab for token, _ in s.logit_bias):
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
-        if request.embeds is not None and request.sampling.prompt_logprobs is not None:
+        if request.embeds is not None and s.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs needs a prompt of token ids, not embeddings")
         if request.embeds is not None and request.embeds.shape[0] != len(prompt):
             raise ValueError(f"embeds hold {request.embeds.shape[0]} positions for {len(prompt)} prompt tokens")

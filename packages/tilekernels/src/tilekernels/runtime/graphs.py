@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import embedding, full_wait_next, get_matmul_precision
 from ..logprobs import MAX_TOP
+from .device import copy_to_host
 from .kvcache import KVCache
 from .profile import stage
 from .sampler import GREEDY, Sampler
@@ -152,8 +153,7 @@ class DecodeGraph:
             for i in range(n):
                 logits = self._step(step, (p + i) % 2, tokens[i], u[i], step_scores(i))
             for host, a in zip(hosts, outputs):
-                cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes,
-                                              cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+                copy_to_host(host, a, stream)
             graph = stream.end_capture()
         graph.upload(stream)        # not in the first replay's time
         return Replay(graph, logits, hosts[0], u_host, tuple(hosts[1:]) or None, (outputs, u))

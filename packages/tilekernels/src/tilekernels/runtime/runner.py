@@ -14,6 +14,7 @@ import numpy as np
 import tilekernels as tk
 from tilekernels.logprobs import MAX_TOP
 
+from .device import to_host
 from .graphs import Chunk, DecodeGraph, Pipelined, ShapeGraphs, chunk_sizes, step_input
 from .kvcache import KVCache
 from .protocol import DecoderModel
@@ -223,15 +224,3 @@ class FirstTokens:
             self._ready.synchronize()
             self._ready = None
         return self._host
-
-
-def to_host(a, stream) -> np.ndarray:
-    """A pinned host copy of device array a, queued on stream (valid once the stream gets there)."""
-    import cupy
-    import cupyx
-
-    a = cupy.ascontiguousarray(a)
-    host = cupyx.empty_pinned(a.shape, a.dtype)
-    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
-                                  stream.ptr)
-    return host
