@@ -197,7 +197,7 @@ def test_idle_and_slow_connections_are_closed(server):
 
 def test_cancelled_requests_give_back_their_memory(server):
     """Rounds of the largest request a client may send (256 rows of long prompts) left after the
-    first chunk: the server's memory stops growing once its allocator is warm, and its open files
+    first chunk: the server's memory stops growing round by round once its allocator is warm, and its open files
     (sockets aside) come back to what they were."""
     body = json.dumps({"model": "tiny", "prompt": [[7] * 500, [8] * 500], "n": 128, "max_tokens": 500,
                        "stream": True, "stop": ["s" * 256] * 4}).encode()
@@ -215,7 +215,11 @@ def test_cancelled_requests_give_back_their_memory(server):
                 break
             time.sleep(0.1)
         seen.append((rss_mb(pid), len([f for f in open_files(pid) if f.startswith("/")])))
-    assert seen[-1][0] - seen[7][0] < 2, seen        # ~1.4 MB a round when the rows were kept
+    rss = [mb for mb, _ in seen[4:]]
+    steps = sorted(b - a for a, b in zip(rss, rss[1:]))
+    # kept rows grew it ~1.4 MB every round; a warm allocator steps up now and then (one 2 MB
+    # arena), so the typical round must be flat and the whole run under what three leaky rounds add
+    assert steps[len(steps) // 2] < 0.5 and rss[-1] - rss[0] < 4.5, seen
     assert seen[-1][1] <= seen[1][1], seen
 
 
