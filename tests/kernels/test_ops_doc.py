@@ -1,5 +1,5 @@
-"""docs/ops.md, the ops reference: a heading for every name tilekernels exports, and its numpy
-examples run as written."""
+"""docs/ops.md, the ops reference: a heading for every name tilekernels exports, and its
+examples run as written (numpy ones here, the GPU ones with torch and CuPy on the GPU host)."""
 import re
 from pathlib import Path
 
@@ -10,13 +10,14 @@ import tilekernels as tk
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
 
 
-def python_blocks() -> list[tuple[int, str]]:
-    """(line, code) of each ```python block, the line its code starts on."""
+def python_blocks(info: str = "python") -> list[tuple[int, str]]:
+    """(line, code) of each ```<info> block, the line its code starts on."""
     text = DOC.read_text()
-    return [(text[:m.start(1)].count("\n") + 1, m.group(1)) for m in re.finditer(r"```python\n(.*?)```", text, re.S)]
+    return [(text[:m.start(1)].count("\n") + 1, m.group(1))
+            for m in re.finditer(rf"```{info}\n(.*?)```", text, re.S)]
 
 
-BLOCKS = python_blocks()
+BLOCKS, GPU_BLOCKS = python_blocks(), python_blocks("python gpu")
 
 
 def test_every_export_has_a_heading():
@@ -24,7 +25,22 @@ def test_every_export_has_a_heading():
     assert [name for name in tk.__all__ if not any(f"`{name}`" in h for h in headings)] == []
 
 
+def run(line: int, code: str) -> None:
+    """A block in a fresh namespace, compiled at its own lines of the file for tracebacks."""
+    exec(compile("\n" * (line - 1) + code, str(DOC), "exec"), {})
+
+
 @pytest.mark.parametrize("line, code", BLOCKS, ids=[f"line{line}" for line, _ in BLOCKS])
 def test_example(line, code):
-    """Each block in a fresh namespace, compiled at its own lines of the file for tracebacks."""
-    exec(compile("\n" * (line - 1) + code, str(DOC), "exec"), {})
+    run(line, code)
+
+
+def test_every_array_op_has_a_gpu_example():
+    assert len(GPU_BLOCKS) >= 15
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("line, code", GPU_BLOCKS, ids=[f"line{line}" for line, _ in GPU_BLOCKS])
+def test_gpu_example(line, code):
+    pytest.importorskip("torch")
+    run(line, code)

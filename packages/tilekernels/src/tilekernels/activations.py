@@ -14,6 +14,7 @@ import numpy as np
 from .cubins import kernel
 from ._arrays import backend, check, launch, inputs_ready
 from .weights import like
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -150,6 +151,7 @@ def _activation_cupy(x, u, code, out=None):
 
 
 # ---------------------------------------------------------------- public ops
+@any_array
 def gelu(x, approximate: str = "tanh"):
     """GELU; approximate='tanh' (GPT-2's gelu_new) or 'none' (exact erf form)."""
     if approximate not in ("tanh", "none"):
@@ -161,6 +163,7 @@ def gelu(x, approximate: str = "tanh"):
     return _activation_cupy(x, None, GELU_TANH if approximate == "tanh" else GELU_ERF)
 
 
+@any_array
 def silu(x):
     """SiLU: x * sigmoid(x)."""
     kind = backend(x=x)
@@ -170,6 +173,7 @@ def silu(x):
     return _activation_cupy(x, None, SILU)
 
 
+@any_array
 def swiglu(gate, up):
     """silu(gate) * up, the gated MLP of Llama-style decoders."""
     kind = backend(gate=gate, up=up)

@@ -21,6 +21,7 @@ from ._arrays import (array_module, backend, check, inputs_ready, last_block_cou
                       next_pow2, reset_count)
 from .embedding import embedding_reference
 from .weights import WEIGHT_DTYPES, f32
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -101,6 +102,7 @@ def check_tail(rows: int, positions, counters, embed) -> None:
         check("embed out", y, shape=(rows, table.shape[1]))
 
 
+@any_array
 def argmax(x, out=None, *, positions=None, counters=None, embed=None):
     """int64 indices (x.shape[:-1]) of the largest value along the last axis of x (float32,
     last axis non-empty); ties go to the first, NaN counts as largest (numpy's rule).

@@ -25,6 +25,7 @@ from .activations import fast_div
 from .decode_attention import LOG2E, NEG_INF, decode_cupy, online_softmax_step
 from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
 from .weights import BF16, KV_DTYPES, empty, like
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -133,6 +134,7 @@ def _attention_cupy(q, k, v, causal, scale, kv_start, kv_len):
     return out.transpose(0, 2, 1, 3)
 
 
+@any_array
 def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_start=None, kv_len=None):
     """softmax(q k^T * scale [+ causal mask]) v, grouped-query aware.
 

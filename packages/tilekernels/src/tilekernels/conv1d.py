@@ -16,6 +16,7 @@ import numpy as np
 
 from ._arrays import backend, check
 from .activations import activation_code, apply_activation_reference
+from .interop import any_array
 
 
 def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, stride: int,
@@ -33,6 +34,7 @@ def conv1d_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     return apply_activation_reference(y, activation)
 
 
+@any_array
 def conv1d(x, weight, bias=None, stride: int = 1, padding: int = 0, activation: str | None = None):
     """torch.nn.functional.conv1d(x, weight, bias, stride, padding), then an optional activation.
 

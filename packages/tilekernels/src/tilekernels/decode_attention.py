@@ -35,6 +35,7 @@ from .precision import BF16 as BF16_MMA, TF32, TF32X3, mma, mma_mode, operand
 from .qkv import check_fused_qkv, rope_rows, split_qkv_reference
 from .rope import rotate_half, rotate_half_tile
 from .weights import empty, f32, like, narrow, result_dtype
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -367,6 +368,7 @@ def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=Non
     return out.reshape(bsz, hkv * group, 1, d)
 
 
+@any_array
 def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | None = None, kv_start=None,
                      cos=None, sin=None, rotary_dim: int | None = None, lengths=None, out_dtype=np.float32):
     """Attention (B, Hq, 1, D) of one new token per sequence over its KV cache, from its fused

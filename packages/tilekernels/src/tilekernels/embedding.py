@@ -10,6 +10,7 @@ import numpy as np
 from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
 from .weights import WEIGHT_DTYPES, f32, widen
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -46,6 +47,7 @@ def _check_ids(name: str, ids, rows: int, kind: str) -> None:
         raise ValueError(f"{name}: expected values in 0..{rows - 1}, got {ids.min()}..{ids.max()}")
 
 
+@any_array
 def embedding(ids, table, positions=None, pos_table=None):
     """table[ids] (+ pos_table[positions]), shape ids.shape + (C,).
 

@@ -38,6 +38,7 @@ from .norm import LayerNorm, RMSNorm
 from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
 from .tiling import NARROW_ROWS, REDUCE_TILE, skinny_block_n, skinny_block_k, skinny_splits, linear_plan
 from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, narrow, result_dtype, to_bf16, widen
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -416,6 +417,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     return _results(y.reshape(*x.shape[:-1], n), y2, xs_out, also)
 
 
+@any_array
 def linear(x, weight, bias=None, activation: str | None = None, *, norm: LayerNorm | RMSNorm | None = None,
            residual=None, out_dtype=np.float32, scaled=None, scaled_by=None):
     """residual + act(norm(x) @ weight.T + bias); x (..., K), weight (N, K), bias (N,).

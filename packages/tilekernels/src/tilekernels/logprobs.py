@@ -19,6 +19,7 @@ from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch, \
     next_pow2, reset_count
 from .argmax import chunk_tile
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 MAX_TOP = 20        # alternatives a row at most (OpenAI's limit)
@@ -96,6 +97,7 @@ def logprobs_kernel(X, TOK, PM, PS, PV, PI, C, LP, TV, TI, TILE: ConstInt, CHUNK
 
 
 # ---------------------------------------------------------------------- op
+@any_array
 def logprobs(x, tokens, top: int = 0, out: tuple | None = None) -> tuple:
     """Log-probabilities under logits x (rows, V) float32: (chosen, top_values, top_ids) with
     chosen (rows,) float32 = log_softmax(x)[row, tokens[row]] (tokens int64 (rows,)),

@@ -19,6 +19,7 @@ from .cubins import kernel
 from ._arrays import backend, check, inputs_ready, launch
 from .activations import fast_div
 from .precision import mma, mma_mode
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 TILE_B = 16         # rows a block
@@ -91,6 +92,7 @@ def lstm_kernel(G, WT, H0, C0, HS, HN, CN, steps: int, HALF: ConstInt, TB: Const
     ct.store(CN, index=(bid, 1), tile=c1)
 
 
+@any_array
 def lstm(gates, weight_hh, h0=None, c0=None):
     """One LSTM layer over T steps of B rows: (hs (T, B, H), h (B, H), c (B, H)), the hidden
     state of every step and the final state, as torch.nn.LSTM's (h_n, c_n). gates (T, B, 4H) is

@@ -16,6 +16,7 @@ import numpy as np
 from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch, next_pow2
 from .weights import WEIGHT_DTYPES, empty, f32, like, result_dtype, widen
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -99,6 +100,7 @@ def _validate(x, weight, bias, out_dtype):
     return kind
 
 
+@any_array
 def layernorm(x, weight=None, bias=None, eps: float = 1e-5, out_dtype=np.float32):
     """LayerNorm over the last axis of x (float32 or bfloat16): (x - mean) / sqrt(var + eps)
     [* weight + bias], stored in out_dtype (float32, or bfloat16 for a product that takes bfloat16 inputs)."""
@@ -109,6 +111,7 @@ def layernorm(x, weight=None, bias=None, eps: float = 1e-5, out_dtype=np.float32
     return _norm_cupy(x, weight, bias, eps, False, out_dtype)
 
 
+@any_array
 def rmsnorm(x, weight=None, eps: float = 1e-6, out_dtype=np.float32):
     """RMSNorm over the last axis of x (float32 or bfloat16): x / sqrt(mean(x^2) + eps) [* weight],
     stored in out_dtype."""

@@ -15,6 +15,7 @@ from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, launch
 from .rope import rope_reference, rotate_half, rotate_half_tile
 from .weights import KV_DTYPES, empty, f32, like, result_dtype
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 
@@ -110,6 +111,7 @@ def rope_rows(cos, sin, start: int, t: int, kv_start: np.ndarray):
     return cos[pos], sin[pos]
 
 
+@any_array
 def split_qkv(qkv, k_cache, v_cache, start, heads: int, cos=None, sin=None, rotary_dim: int | None = None,
               kv_start=None, q_dtype=np.float32):
     """q (B, Hq, T, D) from a fused projection qkv (B, T, (Hq + 2 Hkv) D), float32 or

@@ -12,10 +12,12 @@ import numpy as np
 from .cubins import kernel
 from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
 from .weights import f32
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 
 
+@any_array
 def rope_cos_sin(positions, rotary_dim: int, theta: float = 10000.0):
     """cos, sin of shape positions.shape + (rotary_dim/2,), float32, as HF computes them."""
     xp = array_module(positions)
@@ -80,6 +82,7 @@ def rope_kernel(X, COS, SIN, Y, half: int, H_PAD: ConstInt, D_PAD: ConstInt):
     ct.scatter(Y, (b, t, h, c), rotate_half(X, x, b, t, h, c, COS, SIN, b, t, half))
 
 
+@any_array
 def rope(x, cos, sin, rotary_dim: int | None = None):
     """Rotate the first rotary_dim channels of each head of x (B, T, H, D).
 

@@ -23,6 +23,7 @@ from .cubins import kernel
 from ._arrays import array_module, backend, check, inputs_ready, last_block_counters, last_in_group, launch, \
     next_pow2, reset_count
 from .argmax import argmax, check_tail, chunk_tile, step_tail, tail_args, tail_arrays, tail_reference
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -285,6 +286,7 @@ def _per_row(name: str, v, rows: int, kind: str, dtype, valid, why: str):
     return v
 
 
+@any_array
 def sample(x, uniforms=None, *, temperature=1.0, top_k=0, top_p=1.0, penalty=1.0, seen=None, min_p=0.0,
            presence=0.0, frequency=0.0, counts=None, bias=None, out=None, positions=None, counters=None, embed=None):
     """int64 token ids (rows,) drawn from logits x (rows, V) float32.

@@ -11,6 +11,7 @@ import numpy as np
 
 from .cubins import kernel
 from ._arrays import array_module, backend, check, launch, next_pow2, inputs_ready
+from .interop import any_array
 
 ConstInt = ct.Constant[int]
 MAX_TILE = 4096
@@ -51,6 +52,7 @@ def _softmax_cupy(x):
     return y.reshape(x.shape)
 
 
+@any_array
 def softmax(x, axis: int = -1):
     """exp(x - max) / sum(exp(x - max)) along `axis`."""
     kind = backend(x=x)
