@@ -102,7 +102,7 @@ def test_probabilities_are_silero_onnx_models():
     ref = np.load(FIXTURES / "silero_onnx_probs.npz")
     for name in ("pause05", "noise"):
         x = load(f"{name}.flac")
-        np.testing.assert_allclose(speech_probs(x, threads=1, batch=1, min_block_s=math.inf), ref[name], atol=1e-5)
+        np.testing.assert_allclose(speech_probs(x, threads=1, batch=1, block_s=math.inf), ref[name], atol=1e-5)
         np.testing.assert_allclose(speech_probs(x), ref[name], atol=1e-5)
 
 
@@ -299,14 +299,14 @@ def two_minutes():
     while sum(len(i) / SR if isinstance(i, np.ndarray) else i for i in layout) < 120:
         layout += [c[int(rng.integers(len(c)))], float(rng.uniform(3, 4) if rng.random() < 0.3 else rng.uniform(0.3, 0.7))]
     x, speech = assemble(layout, rng)
-    return x, speech, speech_probs(x, threads=1, batch=1, min_block_s=math.inf)
+    return x, speech, speech_probs(x, threads=1, batch=1, block_s=math.inf)
 
 
 def test_batched_and_threaded_blocks_are_the_same_computation(two_minutes):
     x, _, _ = two_minutes
-    a = speech_probs(x, threads=1, batch=8, min_block_s=4)        # 8 blocks in one batch
-    b = speech_probs(x, threads=8, batch=1, min_block_s=4)        # the same blocks, one a thread
-    c = speech_probs(x, threads=2, batch=4, min_block_s=4)
+    a = speech_probs(x, threads=1, batch=32, block_s=4)       # 30 blocks of 4 s in one batch
+    b = speech_probs(x, threads=8, batch=1, block_s=4)        # the same blocks, one a row, in 8 threads
+    c = speech_probs(x, threads=2, batch=7, block_s=4)
     np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(a, c, atol=1e-5)
 
@@ -319,8 +319,8 @@ def test_blocks_match_one_sequential_pass(two_minutes):
     what is compared is the speech found: nearly the same speech frames, the same segments within
     3 frames (96 ms), and both within the tolerance of the placed speech."""
     x, placed, seq = two_minutes
-    par = speech_probs(x, threads=4, batch=4, min_block_s=4)     # 16 blocks of ~7.5 s
-    first = -(-len(seq) // 16)
+    par = speech_probs(x, threads=4, batch=4, block_s=7.5)      # 16 blocks of 7.5 s
+    first = vad.block_frames(7.5)[0]
     np.testing.assert_allclose(par[:first], seq[:first], atol=1e-6)
     def speech(p):
         out = np.zeros(len(p), bool)

@@ -9,10 +9,12 @@ speech_probs: one speech probability per 32 ms frame (512 samples at 16 kHz); de
 of many files at once on the GPU. The model is a streaming one: each step takes a frame prefixed
 by the last 64 samples of the one before (its context) and the LSTM state the step before left.
 Everything before the LSTM sees that frame only, so the frames are encoded many at once; only the
-LSTM steps, its rows (blocks) together. A long file is cut into blocks run side by side (rows of
-one step, on the CPU such groups in a thread pool: numpy's products release the GIL); every block
-but the first starts WARMUP_S earlier with a fresh state and its first WARMUP_S of probabilities
-are dropped. The reset is not forgotten that soon (Silero's state moves probabilities at speech
+LSTM steps, its rows (blocks) together. A file is cut into blocks of BLOCK_S at its multiples,
+run side by side (rows of one step, on the CPU such groups in a thread pool: numpy's products
+release the GIL); every block but the first starts WARMUP_S earlier with a fresh state and its
+first WARMUP_S of probabilities are dropped. Anchored so, a frame's probability depends only on
+the audio from its block's warm-up to it: a file streamed in chunks and a live stream
+(LiveVad, frame by frame as the audio arrives) get the file's probabilities and segments. The reset is not forgotten that soon (Silero's state moves probabilities at speech
 edges for minutes after it), but the speech found is the same: regions within a frame or two,
 segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
 
@@ -26,12 +28,14 @@ start/end are the speech bounds (what is written); the audio range given to the 
 speech_pad_ms each side, never past the middle of the pause to the next segment, the file's
 ends or max_speech_duration_s in all.
 """
-from .model import (BATCH, CHUNK, CONTEXT, DEVICE_FRAMES, MIN_BLOCK_S, MODEL_PATH, STATE, WARMUP_S, device_probs,
-                    speech_probs, speech_segments, weights)
+from .model import (BATCH, BLOCK_S, CHUNK, CONTEXT, DEVICE_FRAMES, MODEL_PATH, STATE, WARMUP_S, block_frames,
+                    device_probs, speech_probs, speech_segments, weights)
 from .segments import FRAME, MAX_WINDOW_S, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
+from .live import LiveVad, Speech
 from .workers import PROCESSES, STREAM_CHUNK, pooled_probs, segment_audio, start_workers, stop_workers, stream_probs
 
-__all__ = ["BATCH", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FRAME", "MAX_WINDOW_S", "MIN_BLOCK_S", "MODEL_PATH",
-           "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "WARMUP_S", "Segment", "VadOptions", "device_probs",
-           "pooled_probs", "segment_audio", "segments_from_probs", "speech_probs", "speech_regions",
-           "speech_segments", "start_workers", "stop_workers", "stream_probs", "weights"]
+__all__ = ["BATCH", "BLOCK_S", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FRAME", "LiveVad", "MAX_WINDOW_S",
+           "MODEL_PATH", "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "Speech", "WARMUP_S", "Segment",
+           "VadOptions", "block_frames", "device_probs", "pooled_probs", "segment_audio", "segments_from_probs",
+           "speech_probs", "speech_regions", "speech_segments", "start_workers", "stop_workers", "stream_probs",
+           "weights"]

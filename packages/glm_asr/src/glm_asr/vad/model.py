@@ -18,7 +18,7 @@ from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, segments_from_pro
 CONTEXT = 64                # samples of the previous frame prefixed to each frame (Silero v5/v6)
 STATE = 128
 WARMUP_S = 1.0              # the overlap of a block with the one before it
-MIN_BLOCK_S = 8.0           # blocks are no shorter (a block's warm-up is wasted work)
+BLOCK_S = 8.0               # blocks of this length, anchored at its multiples in the file's time
 BATCH = 32                  # blocks stepped together (rows of one LSTM step)
 DEVICE_FRAMES = 16384       # frames encoded at once on the GPU (~15 KB each of temporaries)
 CHUNK = 256                 # frames of each block encoded at once (fewer were slower)
@@ -108,7 +108,6 @@ def _run_rows(view, rows, steps: int, chunk: int):
     through the frames view[rows[j]], view[rows[j] + 1], ..., what `steps` calls of Silero's
     streaming model give; `chunk` steps at a time: their encoder at once, then the LSTM."""
     xp = array_module(view)
-    w = weights(xp)
     b = len(rows)
     rows = xp.asarray(rows, dtype=xp.int64)
     out = xp.empty((steps, b), xp.float32)
@@ -116,24 +115,31 @@ def _run_rows(view, rows, steps: int, chunk: int):
     for t0 in range(0, steps, chunk):
         m = min(chunk, steps - t0)
         idx = (rows[None, :] + xp.arange(t0, t0 + m, dtype=xp.int64)[:, None]).reshape(-1)
-        gates = _gate_inputs(view[idx]).reshape(m, b, 4 * STATE)
-        hs, h, c = lstm(gates, w["lstm.weight_hh"], h, c)
-        p = _product(xp.maximum(hs, 0).reshape(m * b, STATE), w["head.row"], w["head.bias"], "sigmoid")
-        out[t0:t0 + m] = p.reshape(m, b)
+        out[t0:t0 + m], h, c = model_steps(view[idx], b, h, c)
     return out
 
 
-def _layout(n: int, blocks: int, min_block: int, warm: int) -> tuple[list[int], int, int]:
-    """(first frames, frames kept a block, steps a block) of n frames cut into at most `blocks`
-    blocks of at least min_block frames (0: one block). Block 0 runs from frame 0 (its first
-    `length` frames are the sequential pass's); block k from k*length - warm, keeping its last
-    `length`."""
-    blocks = max(1, min(blocks, n // min_block)) if min_block else 1
-    length = -(-n // blocks)                       # frames kept per block
-    blocks = -(-n // length)
-    if blocks == 1:
+def model_steps(frames, rows: int, h=None, c=None):
+    """(probabilities (steps, rows), h, c): Silero's streaming model over frames (steps * rows,
+    CONTEXT + FRAME), step-major, from the LSTM state (h, c) (None: a fresh one)."""
+    xp = array_module(frames)
+    w = weights(xp)
+    m = len(frames) // rows
+    gates = _gate_inputs(frames).reshape(m, rows, 4 * STATE)
+    hs, h, c = lstm(gates, w["lstm.weight_hh"], h, c)
+    p = _product(xp.maximum(hs, 0).reshape(m * rows, STATE), w["head.row"], w["head.bias"], "sigmoid")
+    return p.reshape(m, rows), h, c
+
+
+def _layout(n: int, block: int, warm: int) -> tuple[list[int], int, int]:
+    """(first frames, frames kept a block, steps a block) of n frames cut into blocks of `block`
+    frames at its multiples (0: one block), whatever n: a frame's probability depends on the
+    samples from its block's start (less the warm-up) up to it, never on the file's length, so a
+    live stream (vad.live) and any chunking at multiples of a block compute the same. Block 0 runs
+    from frame 0 (the sequential pass's); block k from k*block - warm, keeping its last `block`."""
+    if not block or n <= block:
         return [0], n, n
-    return [0] + [k * length - warm for k in range(1, blocks)], length, warm + length
+    return [0] + [k * block - warm for k in range(1, -(-n // block))], block, warm + block
 
 
 def _assemble(p: np.ndarray, n: int, length: int, warm: int) -> np.ndarray:
@@ -174,41 +180,41 @@ def _one_blas_thread():
 
 
 def speech_probs(samples16k, *, threads: int | None = None, batch: int = BATCH,
-                 min_block_s: float = MIN_BLOCK_S, warmup_s: float = WARMUP_S) -> np.ndarray:
+                 block_s: float = BLOCK_S, warmup_s: float = WARMUP_S) -> np.ndarray:
     """The speech probability (float32) of each 512-sample frame of 16 kHz mono samples,
     ceil(len / 512) of them (the last frame zero padded); samples on the GPU (cupy) run there
     (device_probs).
 
-    The frames are cut into up to threads * batch blocks of at least min_block_s; each block
-    after the first also runs the warmup_s before it, from a fresh state, and keeps only its own
-    frames. threads (default: the CPUs this process may use) run groups of `batch` blocks, each
-    group one LSTM step a frame. threads=1, batch=1 with one block (min_block_s=inf) is the
-    plain sequential pass."""
+    The frames are cut into blocks of block_s at its multiples; each block after the first also
+    runs the warmup_s before it, from a fresh state, and keeps only its own frames. threads
+    (default: the CPUs this process may use) run groups of up to `batch` blocks, each group one
+    LSTM step a frame. One block (block_s=inf) is the plain sequential pass."""
     if samples16k.ndim != 1:
         raise ValueError(f"samples must be one-dimensional (mono), got shape {samples16k.shape}")
     if is_device(samples16k):
-        return device_probs([samples16k], min_block_s=min_block_s, warmup_s=warmup_s)[0]
+        return device_probs([samples16k], block_s=block_s, warmup_s=warmup_s)[0]
     x = np.ascontiguousarray(samples16k, dtype=np.float32)
     if len(x) == 0:
         return np.zeros(0, np.float32)
     with _one_blas_thread():
-        return _probs(x, threads, batch, min_block_s, warmup_s)
+        return _probs(x, threads, batch, block_s, warmup_s)
 
 
-def _frames(min_block_s: float, warmup_s: float) -> tuple[int, int]:
-    """(min_block, warm) in frames; min_block 0 for an infinite min_block_s (one block)."""
+def block_frames(block_s: float = BLOCK_S, warmup_s: float = WARMUP_S) -> tuple[int, int]:
+    """(block, warm) in frames; block 0 for an infinite block_s (one block), else at least warm."""
     warm = math.ceil(warmup_s * SAMPLE_RATE / FRAME)
-    return (max(1, warm, round(min_block_s * SAMPLE_RATE / FRAME)) if math.isfinite(min_block_s) else 0), warm
+    return (max(1, warm, round(block_s * SAMPLE_RATE / FRAME)) if math.isfinite(block_s) else 0), warm
 
 
-def _probs(x: np.ndarray, threads: int | None, batch: int, min_block_s: float, warmup_s: float) -> np.ndarray:
+def _probs(x: np.ndarray, threads: int | None, batch: int, block_s: float, warmup_s: float) -> np.ndarray:
     n = -(-len(x) // FRAME)
     threads = max(1, threads or _cpus())
     batch = max(1, int(batch))
-    min_block, warm = _frames(min_block_s, warmup_s)
-    starts, length, steps = _layout(n, threads * batch, min_block, warm)
+    block, warm = block_frames(block_s, warmup_s)
+    starts, length, steps = _layout(n, block, warm)
     view, (base,) = _frame_view([x], steps)
-    groups = [list(g) for g in np.array_split(np.arange(len(starts)), min(threads, len(starts)))]   # <= batch each
+    k = len(starts)
+    groups = [list(g) for g in np.array_split(np.arange(k), max(min(threads, k), -(-k // batch)))]  # <= batch each
     p = np.empty((steps, len(starts)), np.float32)
 
     def work(group):
@@ -222,9 +228,9 @@ def _probs(x: np.ndarray, threads: int | None, batch: int, min_block_s: float, w
     return _assemble(p, n, length, warm)
 
 
-def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: float = WARMUP_S) -> list[np.ndarray]:
+def device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = WARMUP_S) -> list[np.ndarray]:
     """speech_probs of several files at once on the GPU (cupy arrays of 16 kHz samples), as numpy
-    arrays. Each file is cut into blocks of at least min_block_s by its own length alone (so its
+    arrays. Each file is cut into blocks of block_s at its multiples, as speech_probs (so its
     probabilities do not depend on the other files), and all blocks of all files are the rows of
     one LSTM (tilekernels.lstm, its time loop in one kernel), its products at 'highest' precision
     (3xTF32: within 1e-4 of the numpy model's; plain TF32 would compound in the recurrence). It
@@ -232,14 +238,14 @@ def device_probs(samples: list, *, min_block_s: float = MIN_BLOCK_S, warmup_s: f
     thread that launches the model's kernels."""
     import cupy
 
-    min_block, warm = _frames(min_block_s, warmup_s)
+    block, warm = block_frames(block_s, warmup_s)
     xs = [cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32)) for x in samples]
     for x in xs:
         if x.ndim != 1:
             raise ValueError(f"samples must be one-dimensional (mono), got shape {x.shape}")
     ns = [-(-len(x) // FRAME) for x in xs]
     live = [i for i, n in enumerate(ns) if n]
-    layouts = {i: _layout(ns[i], 1 << 30, min_block, warm) for i in live}
+    layouts = {i: _layout(ns[i], block, warm) for i in live}
     out = [np.zeros(0, np.float32) for _ in xs]
     if not live:
         return out

@@ -173,8 +173,11 @@ def _split(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -
     return out[::-1]
 
 
-def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None) -> list[Segment]:
-    """The segments of a file of n_samples whose frame probabilities are probs (see module doc)."""
+def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None, *,
+                        before: int | None = None) -> list[Segment]:
+    """The segments of a file of n_samples whose frame probabilities are probs (see module doc).
+    before: where the segment before these probabilities ended, in their time (<= 0), for the
+    rest of a stream whose earlier segments were given out (vad.live); None: they start the file."""
     o = options or VadOptions()
     probs = np.asarray(probs, np.float32)
     if probs.shape != (-(-n_samples // FRAME),):
@@ -201,7 +204,8 @@ def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions |
 
     out = []
     for i, (a, b) in enumerate(bounds):
-        left = (bounds[i - 1][1] + a) // 2 if i else 0                 # the middle of each pause
+        prev = bounds[i - 1][1] if i else before
+        left = 0 if prev is None else (prev + a) // 2                  # the middle of each pause
         right = (b + bounds[i + 1][0]) // 2 if i + 1 < len(bounds) else n_samples
         lp, rp = min(pad, a - max(left, 0)), min(pad, min(right, n_samples) - b)
         slack = max_samples - (b - a)

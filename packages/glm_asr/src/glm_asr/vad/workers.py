@@ -10,11 +10,12 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .model import WARMUP_S, _cpus, speech_probs
-from .segments import FRAME, SAMPLE_RATE, Segment
+from .model import _cpus, block_frames, speech_probs
+from .segments import FRAME, Segment
 
 _LOCK = threading.Lock()
-STREAM_CHUNK = 9375 * FRAME     # 300 s of samples a speech_probs call when streaming (whole frames)
+BLOCK = block_frames()[0] * FRAME     # a VAD block's samples (vad.model.BLOCK_S)
+STREAM_CHUNK = 36 * BLOCK       # 288 s of samples a speech_probs call when streaming (whole blocks)
 _POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor or None, threads a process)
 PROCESSES = 8               # the VAD's worker processes at most (half the CPUs: readers and the GPU loop need some)
 
@@ -80,9 +81,11 @@ def pooled_probs(samples: np.ndarray) -> np.ndarray:
 
 def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> tuple[np.ndarray, int]:
     """(speech_probs, sample count) of samples arriving in blocks, STREAM_CHUNK at a time (each
-    through probs(samples)), each chunk after the first warmed up on the WARMUP_S before it (as
-    speech_probs' own blocks): memory bounded by a chunk, not by the file."""
-    warm = int(round(WARMUP_S * SAMPLE_RATE / FRAME)) * FRAME
+    through probs(samples)): memory bounded by a chunk, not by the file. Each chunk after the
+    first goes with the VAD block before it, whose probabilities are dropped: the chunk's first
+    block then warms up on the samples the whole file's would, and every probability is the
+    whole file's (the blocks are anchored at multiples of BLOCK)."""
+    warm = BLOCK
     out, buf, tail, n = [], np.zeros(0, np.float32), np.zeros(0, np.float32), 0
 
     def run(chunk):

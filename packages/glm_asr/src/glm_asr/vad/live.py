@@ -1,0 +1,166 @@
+"""Speech segments of a live stream, each as soon as no later audio can change it: the segments a
+file of the same samples gets (speech_probs in the same anchored blocks, computed frame by frame
+as the samples arrive; segments_from_probs' rules), for server-side turn detection.
+
+A group of speech regions (what pauses shorter than min_silence_duration_ms join) is final once
+its last region is followed by max(min_silence_duration_ms, 2 * speech_pad_ms) without speech:
+no later region can join it, and its right padding is settled. Its segments (at most
+max_speech_duration_s each, cut as a file's) are then given out with their padded audio. Memory
+is bounded by the audio since the last segment given out (and a VAD block), not by the stream.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import CONTEXT, _one_blas_thread, block_frames, model_steps
+from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
+
+
+@dataclass(frozen=True)
+class Speech:
+    """A final segment (samples in the stream's time), its padded audio and its speech's mean
+    probability."""
+    segment: Segment
+    audio: np.ndarray
+    speech: float | None
+
+
+class LiveVad:
+    """feed(16 kHz samples) -> what happened, in order: ("started", sample) where a group of speech
+    begins, then, once the group is final, its Speech segments, or ("dropped", sample) where it
+    ended if it was too short to keep (min_speech_duration_ms). finish() ends the stream (as a
+    file ends: everything left is final). Samples count from the stream's start."""
+
+    def __init__(self, options: VadOptions | None = None):
+        self.o = options or VadOptions()
+        self.block, self.warm = block_frames()
+        self.buf, self.origin, self.n = np.zeros(0, np.float32), 0, 0   # samples kept: from stream sample origin
+        self.probs, self.first = np.zeros(0, np.float32), 0            # probabilities from frame `first`
+        self.row: tuple | None = None            # (block, next frame, h, c): the block being computed
+        self.before: int | None = None           # stream sample where the last segment given out ended
+        self.started = 0                         # frames before this one have had their "started"
+        self.handled = 0                         # groups before this frame are final and handled
+        self.ended = False
+        pad = self.o.speech_pad_ms * SAMPLE_RATE / 1000
+        self.need = math.ceil(max(self.o.min_silence_duration_ms * SAMPLE_RATE / 1000, 2 * pad) / FRAME)
+
+    @property
+    def frames(self) -> int:
+        """Frames whose probabilities are known."""
+        return self.first + len(self.probs)
+
+    def feed(self, samples: np.ndarray) -> list:
+        if self.ended:
+            raise ValueError("the stream has ended")
+        x = np.asarray(samples, np.float32).reshape(-1)
+        self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
+        self.n += len(x)
+        self._advance(self.n // FRAME)
+        return self._events()
+
+    def finish(self) -> list:
+        """The stream's end: its last frame zero padded, every segment left final."""
+        if not self.ended:
+            self.ended = True
+            self._advance(-(-self.n // FRAME))
+        return self._events()
+
+    # ------------------------------------------------------------------ probabilities
+    def _advance(self, frames: int) -> None:
+        """Probabilities up to `frames`: each frame from its block's row, a block's row from its
+        warm-up before it, with a fresh state (speech_probs' blocks)."""
+        out, f = [], self.frames
+        with _one_blas_thread():        # OpenBLAS's threads on these small products cost far more than they give
+            self._steps(frames, f, out)
+        if out:
+            self.probs = np.concatenate([self.probs, *out])
+
+    def _steps(self, frames: int, f: int, out: list) -> None:
+        while f < frames:
+            k = f // self.block if self.block else 0
+            if self.row is None or self.row[0] != k:
+                self.row = (k, max(0, k * self.block - self.warm), None, None)
+            _, nxt, h, c = self.row
+            end = min(frames, (k + 1) * self.block) if self.block else frames
+            p, h, c = model_steps(self._frames(nxt, end), 1, h, c)
+            self.row = (k, end, h, c)
+            out.append(p[f - nxt:, 0])
+            f = end
+
+    def _frames(self, g0: int, g1: int) -> np.ndarray:
+        """Frames g0 .. g1 - 1 with their context, (g1 - g0, CONTEXT + FRAME): zeros before the
+        stream and past its end."""
+        lo, hi = g0 * FRAME - CONTEXT, g1 * FRAME
+        x = np.zeros(hi - lo, np.float32)
+        a, b = max(lo, self.origin), min(hi, self.origin + len(self.buf))
+        if b > a:
+            x[a - lo:b - lo] = self.buf[a - self.origin:b - self.origin]
+        return np.lib.stride_tricks.as_strided(x, (g1 - g0, CONTEXT + FRAME), (FRAME * 4, 4)).copy()
+
+    # ------------------------------------------------------------------ segments
+    def _events(self) -> list:
+        """For each group of speech in turn: ("started", sample) once the groups before it are final,
+        and once it is final its Speech segments, or ("dropped", sample) if too short to keep."""
+        events, regions = [], speech_regions(self.probs, self.o)
+        groups: list[list[int]] = []
+        for a, e in regions:
+            if groups and (a - groups[-1][1]) * FRAME < self.o.min_silence_duration_ms * SAMPLE_RATE / 1000:
+                groups[-1][1] = e
+            else:
+                groups.append([a, e])
+        cut = self._cut(regions)
+        base = self.first * FRAME
+        segments = []
+        if cut is not None:
+            n = (self.n if self.ended else self.frames * FRAME) - base
+            segments = segments_from_probs(self.probs, n, self.o,
+                                           before=None if self.before is None else self.before - base)
+        for a, e in groups:
+            if self.first + a < self.handled:          # given out (or dropped) already
+                continue
+            if self.first + a >= self.started:
+                events.append(("started", base + a * FRAME))
+                self.started = self.first + a + 1
+            if cut is None or e > cut:      # not final, nor any after it: announced once this one is
+                break
+            mine = [s for s in segments if a * FRAME <= s.start < e * FRAME]
+            for s in mine:
+                seg = Segment(s.start + base, s.end + base, s.audio_start + base, s.audio_end + base)
+                audio = self.buf[seg.audio_start - self.origin: seg.audio_end - self.origin].copy()
+                speech = self.probs[s.start // FRAME: max(-(-s.end // FRAME), s.start // FRAME + 1)]
+                events.append(Speech(seg, audio, float(np.mean(speech, dtype=np.float64)) if len(speech) else None))
+                self.before = seg.end
+            if not mine:
+                events.append(("dropped", base + min(e * FRAME, self.n - base)))
+        if cut is not None:
+            self.handled = self.first + cut
+        pending = next((a for a, e in groups if cut is None or e > cut), None)
+        self._forget(cut, self.frames * FRAME if pending is None else base + pending * FRAME)
+        return events
+
+    def _cut(self, regions: list) -> int | None:
+        """The frame (in self.probs) up to which every group is final: the end of the last region
+        followed by `need` frames without speech (all of them once the stream has ended)."""
+        if self.ended:
+            return len(self.probs)
+        cut = None
+        for i, (_, end) in enumerate(regions):
+            following = regions[i + 1][0] if i + 1 < len(regions) else len(self.probs)
+            if following - end >= self.need:
+                cut = end
+        return cut
+
+    def _forget(self, cut: int | None, pending: int) -> None:
+        """Drop what no later segment or VAD block needs: probabilities before the cut, once a
+        segment was given out (the next one's padding is measured from its end), and samples
+        before the padded start of any speech still pending (`pending`: the stream sample where
+        it, or the next, can start) and before the warm-up of the next block."""
+        if cut is not None and self.before is not None and not self.ended:
+            self.probs, self.first = self.probs[cut:], self.first + cut
+        pad = int(self.o.speech_pad_ms * SAMPLE_RATE / 1000)
+        keep = min(pending - pad, (self.frames - self.warm) * FRAME - CONTEXT)
+        keep = max(keep, self.origin)
+        self.buf, self.origin = self.buf[keep - self.origin:], keep

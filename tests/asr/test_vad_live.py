@@ -1,0 +1,99 @@
+"""LiveVad: a stream fed in ragged pieces gets the segments, padded audio and speech
+probabilities of the same samples read as a file, each segment as soon as no later audio can
+change it, in bounded memory."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from glm_asr.vad import FRAME, LiveVad, Speech, VadOptions, block_frames, segments_from_probs, speech_probs
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """~43 s: sentences with 0.5 s and 3 s pauses, a noise clip, twice, and 3 s of silence."""
+    parts = [sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac", "pause05.flac",
+                                                                  "noise.flac")] * 2
+    return np.concatenate(parts + [np.zeros(48000, np.float32)])
+
+
+def feed(v: LiveVad, x: np.ndarray, sizes) -> list:
+    events, i, k = [], 0, 0
+    while i < len(x):
+        n = sizes[k % len(sizes)]
+        events += [(i + n, e) for e in v.feed(x[i:i + n])]
+        i, k = i + n, k + 1
+    return events + [(len(x), e) for e in v.finish()]
+
+
+@pytest.mark.parametrize("options", [VadOptions(), VadOptions(min_silence_duration_ms=300, speech_pad_ms=200),
+                                     VadOptions(min_silence_duration_ms=100, speech_pad_ms=600, threshold=0.6),
+                                     VadOptions(min_speech_duration_ms=2500), VadOptions(max_speech_duration_s=4)])
+def test_the_files_segments_as_each_turns_final(stream, options):
+    x = stream
+    whole = segments_from_probs(speech_probs(x), len(x), options)
+    v = LiveVad(options)
+    events = feed(v, x, [1777, 1, 16000, 513, 4096])
+    speech = [(at, e) for at, e in events if isinstance(e, Speech)]
+    assert [e.segment for _, e in speech] == whole and len(whole) >= 3
+    pad = options.speech_pad_ms * 16
+    wait = max(options.min_silence_duration_ms * 16, 2 * pad) + 2 * FRAME + 16000   # + a piece fed at once
+    for at, e in speech:
+        np.testing.assert_array_equal(e.audio, x[e.segment.audio_start:e.segment.audio_end])
+        assert at <= max(e.segment.end + wait, len(x) - 48000) or at == len(x)     # final soon after its end
+    # each segment follows its group's "started"; a dropped group's start is followed by "dropped"
+    open_, last = None, -1
+    for _, e in events:
+        if isinstance(e, Speech):
+            assert open_ is not None and open_ <= e.segment.start and e.segment.start > last
+            last = e.segment.start
+        elif e[0] == "started":
+            open_ = e[1]
+        else:
+            assert e[0] == "dropped" and open_ is not None and e[1] > open_
+    assert len(v.buf) < 2 * 16000 * 8 + 48000          # bounded: pending speech and a block, not the stream
+
+
+def test_a_dropped_group_and_a_stream_ending_in_speech():
+    """Short speech under min_speech_duration_ms is announced and then dropped; speech still going
+    when the stream ends is final at finish(), as a file's last segment."""
+    clip = sf.read(FIXTURES / "one.flac", dtype="float32")[0]
+    x = np.concatenate([np.zeros(8000, np.float32), clip[16000:26000], np.zeros(56000, np.float32), clip])
+    o = VadOptions(min_speech_duration_ms=1000)
+    events = feed(LiveVad(o), x, [3200])
+    kinds = [e if isinstance(e, tuple) else "speech" for _, e in events]
+    assert [k[0] if isinstance(k, tuple) else k for k in kinds] == ["started", "dropped", "started", "speech"]
+    assert [e.segment for _, e in events if isinstance(e, Speech)] == segments_from_probs(speech_probs(x), len(x), o)
+    assert events[-1][0] == len(x)                                   # the last one at finish()
+    v = LiveVad()
+    v.finish()
+    with pytest.raises(ValueError, match="ended"):
+        v.feed(np.zeros(10, np.float32))
+
+
+def test_probabilities_are_the_files(stream):
+    """Frame by frame, block by block (each warmed up on the second before it), to the rounding
+    of the products' other shapes."""
+    x = stream[:16000 * 20]
+    v = LiveVad(VadOptions(min_speech_duration_ms=10 ** 9))        # no segment: no probability forgotten
+    for i in range(0, len(x), 3000):
+        v.feed(x[i:i + 3000])
+    assert v.first == 0 and block_frames()[0] < len(x) // FRAME     # more than one block
+    np.testing.assert_allclose(v.probs, speech_probs(x)[:len(x) // FRAME], atol=1e-5)
+
+
+def test_a_session_resamples_its_stream_as_one():
+    """server_vad at 24 kHz: the pieces resampled as one stream (soxr's), not each on its own."""
+    import soxr
+
+    from glm_asr.realtime import Session
+
+    s = Session(None, None, None, 1 << 20)
+    s.rate = 24000
+    x = np.random.default_rng(0).standard_normal(24000 * 3).astype(np.float32) * 0.1
+    got = [s.resample(x[i:i + 2400]) for i in range(0, len(x), 2400)] + [s.resample(np.zeros(0, np.float32), True)]
+    np.testing.assert_allclose(np.concatenate(got), soxr.resample(x, 24000, 16000), atol=1e-6)
+    assert s.resampler is None
