@@ -446,6 +446,115 @@ def test_asr_stream_events_join_to_the_text(asr_server):
 
 
 
+def test_asr_realtime_server_vad_gives_the_files_segments(asr_server, tiny, tmp_path):
+    """/v1/realtime with server_vad (the default): a 16 kHz file sent as pcm16 faster than real
+    time, then a commit (the stream's end), gives the segments of glm_asr.transcribe on that file,
+    in order, with the same times and texts: an item a segment, each speech_started, then
+    speech_stopped, committed, deltas joining to its transcript, completed."""
+    import base64
+
+    from websockets.sync.client import connect
+
+    parts = [sf.read(ROOT / "tests/asr/fixtures" / f, dtype="int16")[0] for f in ("pause3s.flac", "one.flac",
+                                                                                  "pause05.flac")]
+    pcm = np.concatenate(parts)
+    wav = tmp_path / "three.wav"
+    sf.write(wav, pcm, 16000, subtype="PCM_16")
+    want = json.loads(asr_cli(tiny, wav, "output_format=json"))["segments"]
+    assert len(want) >= 3
+    with connect(asr_server.url("/v1/realtime").replace("http", "ws"), open_timeout=30) as ws:
+        def event() -> dict:
+            return json.loads(ws.recv(timeout=60))
+
+        created = event()
+        assert created["session"]["turn_detection"]["type"] == "server_vad"
+        ws.send(json.dumps({"type": "transcription_session.update", "session": {
+            "input_sample_rate": 16000, "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}))
+        assert event()["session"]["turn_detection"]["min_silence_duration_ms"] == 2000
+        for i in range(0, len(pcm), 1600):          # 100 ms an event, as fast as the socket takes them
+            ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                "audio": base64.b64encode(pcm[i:i + 1600].astype("<i2").tobytes()).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        events = []
+        while not events or events[-1]["type"] != "input_audio_buffer.cleared":
+            events.append(event())
+        items = [e["item_id"] for e in events if e["type"] == "input_audio_buffer.committed"]
+        done: dict = {}
+        while len(done) < len(items):
+            e = event()
+            events.append(e)
+            if e["type"] == "conversation.item.input_audio_transcription.completed":
+                done[e["item_id"]] = e
+    got = [s for item in items for s in done[item]["segments"]]
+    assert [(s["start"], s["end"], s["text"]) for s in got] == [(s["start"], s["end"], s["text"]) for s in want]
+    for k, item in enumerate(items):
+        mine = [e for e in events if e.get("item_id") == item]
+        kinds = [e["type"].rsplit(".", 1)[-1] for e in mine]
+        assert kinds[:3] == ["speech_started", "speech_stopped", "committed"] and kinds[-1] == "completed", kinds
+        assert mine[0]["audio_start_ms"] == int(want[k]["start"] * 1000)
+        assert mine[2]["previous_item_id"] == (items[k - 1] if k else None)
+        assert "".join(e["delta"] for e in mine if e["type"].endswith("delta")) == mine[-1]["transcript"]
+
+
+def test_asr_realtime_speech_without_end_is_cut_at_the_upload_limit(asr_none):
+    """server_vad and a client that never commits, speaking on without a pause long enough to end
+    a turn: once the pending audio would pass max_upload_mb (1 MB here: ~31 s) the server ends the
+    stream there itself, its segments committed and transcribed, and the session goes on."""
+    import base64
+
+    from websockets.sync.client import connect
+
+    pcm = np.concatenate([sf.read(ROOT / "tests/asr/fixtures/pause05.flac", dtype="int16")[0]] * 8)    # ~43 s
+    with connect(asr_none.url("/v1/realtime").replace("http", "ws"), open_timeout=30,
+                 additional_headers={"Authorization": "Bearer secret"}) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "transcription_session.created"
+        ws.send(json.dumps({"type": "session.update", "session": {"input_sample_rate": 16000}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
+        for i in range(0, len(pcm), 8000):
+            ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                "audio": base64.b64encode(pcm[i:i + 8000].astype("<i2").tobytes()).decode()}))
+        committed, completed, busy = [], [], []
+        deadline = time.monotonic() + 120
+        while (not committed or len(completed) + len(busy) < len(committed)) and time.monotonic() < deadline:
+            e = json.loads(ws.recv(timeout=60))
+            if e["type"] == "error":        # this server takes one upload at a time (max_queue=0)
+                assert "queue is full" in e["error"]["message"] and e["item_id"] in committed, e
+                busy.append(e)
+            elif e["type"] == "input_audio_buffer.committed":
+                committed.append(e["item_id"])
+            elif e["type"].endswith("transcription.completed"):
+                completed.append(e)
+        assert completed and len(completed) + len(busy) == len(committed)
+        assert all(s["end"] <= 32 for e in completed for s in e["segments"])     # cut at ~31 s, not at the end
+
+
+def test_asr_live_client_prints_the_files_segments(asr_server, tiny, tmp_path):
+    """python -m glm_asr.live: a file, or raw pcm16 on standard input, streamed to the server
+    prints one line an utterance: the CLI's segments of that file, with their times; a server
+    that is not there is one error line."""
+    from glm_asr.live import clock
+
+    pcm = np.concatenate([sf.read(ROOT / "tests/asr/fixtures" / f, dtype="int16")[0]
+                          for f in ("pause05.flac", "pause3s.flac")])
+    wav = tmp_path / "two.wav"
+    sf.write(wav, pcm, 16000, subtype="PCM_16")
+    want = [s for s in json.loads(asr_cli(tiny, wav, "output_format=json"))["segments"] if s["text"].strip()]
+    assert len(want) >= 2
+    url = "url=" + asr_server.url("/v1/realtime").replace("http", "ws")
+    live = [sys.executable, "-m", "glm_asr.live"]
+    r = subprocess.run([*live, str(wav), url, "speed=0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"[{clock(s['start'])} --> {clock(s['end'])}] {s['text'].strip()}" for s in want]
+    r = subprocess.run([*live, "-", url, "speed=0", "timestamps=false"], input=pcm.astype("<i2").tobytes(),
+                       capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().splitlines() == [s["text"].strip() for s in want]
+    r = subprocess.run([*live, str(wav), "url=ws://127.0.0.1:9/v1/realtime"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot connect to") and len(r.stderr.splitlines()) == 1
+
+
 def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
     """/v1/realtime, OpenAI's transcription events: after the session update, appended pcm16 and
     a commit give committed, deltas joining to the transcript, and completed; its text is the
@@ -478,8 +587,12 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
         for bad, code in (({"type": "input_audio_buffer.append", "audio": "not base64!"}, "invalid_value"),
                           ({"type": "input_audio_buffer.append", "audio": "AA=="}, "invalid_value"),
                           ({"type": "no.such.event"}, "unknown_event"),
-                          ({"type": "session.update", "session": {"turn_detection": {"type": "server_vad"}}},
+                          ({"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}},
                            "unsupported"),
+                          ({"type": "session.update", "session": {"turn_detection": {"threshold": 2}}},
+                           "invalid_value"),
+                          ({"type": "session.update", "session": {"turn_detection": {"eagerness": "low"}}},
+                           "invalid_value"),
                           ({"type": "session.update", "session": {"input_sample_rate": 12345}}, "invalid_value")):
             send(**bad)
             got = event()

@@ -78,7 +78,7 @@ def test_declared_range_and_choices_accepted():
 # --- every command line and server: a bad option is one error line before any work -------------
 
 COMMANDS = {"gpt.generate": [], "gpt.serve": [], "glm_asr.transcribe": ["x.wav"],
-            "glm_asr.serve": [], "glm_asr.bulk": ["manifest=m.txt", "output_dir=out"]}
+            "glm_asr.serve": [], "glm_asr.bulk": ["manifest=m.txt", "output_dir=out"], "glm_asr.live": ["x.wav"]}
 
 
 @pytest.mark.parametrize("module,arg", [
@@ -87,12 +87,14 @@ COMMANDS = {"gpt.generate": [], "gpt.serve": [], "glm_asr.transcribe": ["x.wav"]
     ("glm_asr.transcribe", "encoder_batch=0"), ("glm_asr.transcribe", "vad=webrtc"),   # transcribe has no float option
     ("glm_asr.serve", "port=70000"), ("glm_asr.serve", "max_upload_mb=-1"), ("glm_asr.serve", "output_format=doc"),
     ("glm_asr.bulk", "gpus=-1"), ("glm_asr.bulk", "task_seconds=nan"), ("glm_asr.bulk", "output_format=doc"),
+    ("glm_asr.live", "speed=-1"), ("glm_asr.live", "input_sample_rate=0"), ("glm_asr.live", "timestamps=maybe"),
 ])
 def test_bad_option_is_one_line_naming_it(module, arg, tmp_path):
     """An int, a float and a choice option of each command out of range: exit 1, one stderr line
     naming the option and what it takes, no traceback, nothing done (no model is read)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": "/tmp/empty-hf-home"}
-    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], arg, "model.path=/nonexistent"],
+    model = [] if module == "glm_asr.live" else ["model.path=/nonexistent"]     # the live client loads none
+    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], arg, *model],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     name = arg.split("=")[0]
     assert r.returncode == 1 and r.stdout == "" and "Traceback" not in r.stderr, (r.returncode, r.stderr)

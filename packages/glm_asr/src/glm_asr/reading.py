@@ -26,6 +26,20 @@ READERS = 8                # files read at once (CPU threads): as many as the VA
                            # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
 
 
+@dataclass(frozen=True)
+class Cut:
+    """Speech another VAD has cut (a live stream's, vad.live): its padded audio and its speech's
+    times, decoded as one window, as a file's segment is."""
+    samples: np.ndarray
+    start_s: float
+    end_s: float
+    speech: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+
 @dataclass
 class VadJob:
     """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU."""
@@ -90,7 +104,9 @@ class Readers:
         audio = None
         try:
             audio = opener()
-            if self.vad is not None:
+            if isinstance(audio, Cut):
+                wins = [w for w in [speech_window(audio.samples, audio.start_s, audio.end_s, audio.speech)] if w]
+            elif self.vad is not None:
                 wins = speech_windows(audio, self.vad, self.n_mels, None,
                                       self.gpu_probs if self.gpu_vad else pooled_probs)
             else:
@@ -123,8 +139,18 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
         first, again, offset = audio, audio.reopen, audio.offset_s
     p, n = stream_probs(first, probs)
     for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
-        tokens = audio_tokens(valid_frames(len(x)))
-        if tokens >= 1:
-            speech = p[seg.start // FRAME: max(-(-seg.end // FRAME), seg.start // FRAME + 1)]
-            yield Window(offset + seg.start_s, offset + seg.end_s, x if xp is None else log_mel(x, n_mels, xp), tokens,
-                         float(np.mean(speech, dtype=np.float64)) if len(speech) else None)
+        speech = p[seg.start // FRAME: max(-(-seg.end // FRAME), seg.start // FRAME + 1)]
+        w = speech_window(x, offset + seg.start_s, offset + seg.end_s,
+                          float(np.mean(speech, dtype=np.float64)) if len(speech) else None, n_mels, xp)
+        if w is not None:
+            yield w
+
+
+def speech_window(x: np.ndarray, start_s: float, end_s: float, speech: float | None, n_mels: int = 128,
+                  xp=None) -> Window | None:
+    """The window of a segment's padded audio x and its speech's times (features computed with
+    xp; None leaves the samples), or None if it is too short to give the encoder a token."""
+    tokens = audio_tokens(valid_frames(len(x)))
+    if tokens < 1:
+        return None
+    return Window(start_s, end_s, x if xp is None else log_mel(x, n_mels, xp), tokens, speech)

@@ -1,12 +1,22 @@
-"""OpenAI's Realtime transcription over a WebSocket (/v1/realtime), push-to-talk: the client sets up
-the session (`transcription_session.update` or `session.update`: `input_audio_format` "pcm16", our
-`input_sample_rate`, default OpenAI's 24000, `turn_detection` null and, as OpenAI's, an
-`input_audio_transcription.prompt`: our context), appends base64 PCM16
-(`input_audio_buffer.append`) and commits (`input_audio_buffer.commit`); each commit is transcribed
-through the server's shared pipeline like an upload (the same VAD, guard and instruction), its
-segments sent as `conversation.item.input_audio_transcription.delta` as they are decoded, then
-`.completed` with the whole transcript. Server-side turn detection (`server_vad`) is refused for
-now with an error event. Bad events get OpenAI's `error` event; the session goes on.
+"""OpenAI's Realtime transcription over a WebSocket (/v1/realtime): the client sets up the session
+(`transcription_session.update` or `session.update`: `input_audio_format` "pcm16", our
+`input_sample_rate`, default OpenAI's 24000, `turn_detection` and, as OpenAI's, an
+`input_audio_transcription.prompt`: our context) and appends base64 PCM16
+(`input_audio_buffer.append`).
+
+turn_detection null (push-to-talk): each `input_audio_buffer.commit` is transcribed through the
+server's shared pipeline like an upload (the same VAD, guard and instruction).
+turn_detection {"type": "server_vad"} (the default, as OpenAI's): Silero VAD runs on the stream as
+it arrives, on the CPU (vad.live: the segments a file of the same 16 kHz audio gets, under the
+server's vad_options, which OpenAI's threshold, silence_duration_ms and prefix_padding_ms and our
+own option names override; a GPU server's file VAD, within 1e-4 of the CPU's, can move an edge by
+a frame); `input_audio_buffer.speech_started` where speech begins, and for each segment once no
+later audio can change it `speech_stopped`, `committed` (an item a segment) and its
+transcription, decoded as a file's segment is. A commit ends the stream there (as a file ends).
+
+Each item's text comes as `conversation.item.input_audio_transcription.delta` events as its
+segments are decoded, then `.completed` with the transcript and its segments' times (in the
+stream's time). Bad events get OpenAI's `error` event; the session goes on.
 """
 from __future__ import annotations
 
@@ -16,16 +26,24 @@ import binascii
 import itertools
 import json
 
+import dataclasses
+from typing import Callable
+
 import numpy as np
 
 from tilekernels.runtime.server import Job, submit
 
 from .audio import SAMPLE_RATE
+from .reading import Cut
 from .subtitles import join_text
+from .vad import VadOptions
+from .vad.live import LiveVad, Speech
 
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+OPENAI_VAD = {"threshold": "threshold", "silence_duration_ms": "min_silence_duration_ms",
+              "prefix_padding_ms": "speech_pad_ms"}     # OpenAI's server_vad fields: ours
 
 
 class SessionError(Exception):
@@ -61,18 +79,29 @@ def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
 
 
 class Session:
-    """One WebSocket's state: its settings, the audio appended since the last commit (float32 at
-    the input rate; at most max_bytes of pcm16) and the commits being transcribed."""
+    """One WebSocket's state: its settings, the audio not yet committed (push-to-talk: float32 at
+    the input rate, at most max_bytes of pcm16; server_vad: the live VAD's, bounded the same way)
+    and the items being transcribed. vad: the server's vad_options, server_vad's defaults."""
 
-    def __init__(self, send, worker, make_job, max_bytes: int):
+    def __init__(self, send, worker, make_job, max_bytes: int, vad: VadOptions | None = None):
         self.send, self.worker, self.make_job, self.max_bytes = send, worker, make_job, max_bytes
+        self.vad_defaults = vad or VadOptions()
         self.rate: int | None = None        # set by the session update
         self.context: str | None = None     # input_audio_transcription.prompt: the instruction's context
+        self.turns: VadOptions | None = self.vad_defaults      # server_vad's options; None: push-to-talk
         self.buffer: list[np.ndarray] = []
+        self.live: LiveVad | None = None    # server_vad: the stream since the last commit
+        self.resampler = None               # server_vad at another rate than 16 kHz: soxr's, one a stream
+        self.offset = 0                     # samples (16 kHz) of the session's stream before self.live's
+        self.open: str | None = None        # the item whose speech has started
         self.items = itertools.count()
         self.previous: str | None = None
         self.tasks: set[asyncio.Task] = set()
         self.jobs: set[Job] = set()
+
+    def settings(self) -> dict:
+        turns = None if self.turns is None else {"type": "server_vad", **dataclasses.asdict(self.turns)}
+        return {"input_audio_format": "pcm16", "input_sample_rate": self.rate or OPENAI_RATE, "turn_detection": turns}
 
     async def handle(self, raw: str) -> None:
         try:
@@ -88,13 +117,22 @@ class Session:
             if self.rate is None:
                 raise SessionError("send transcription_session.update before audio", "session_not_set_up")
             x = pcm16(event.get("audio"), self.rate)
+            if self.turns is not None:
+                await self.hear(self.resample(x))
+                return
             if 2 * (sum(len(b) for b in self.buffer) + len(x)) > self.max_bytes:
                 raise SessionError("the buffer is full (max_upload_mb): commit or clear it", "buffer_full", "audio")
             self.buffer.append(x)
         elif kind == "input_audio_buffer.commit":
-            self.commit()
+            if self.turns is not None:
+                await self.end_stream()
+            else:
+                await self.commit()
         elif kind == "input_audio_buffer.clear":
-            self.buffer = []
+            self.buffer, self.resampler = [], None
+            if self.live is not None:
+                self.offset, self.live = self.offset + self.live.n, None
+                await self.stopped(self.offset)
             await self.send({"type": "input_audio_buffer.cleared"})
         else:
             raise SessionError(f"unknown event type {kind!r}", "unknown_event", "type")
@@ -109,39 +147,132 @@ class Session:
         if rate not in RATES:
             raise SessionError(f"input_sample_rate must be one of {', '.join(map(str, RATES))}, got {rate!r}",
                                param="session.input_sample_rate")
-        if s.get("turn_detection") is not None:
-            raise SessionError("turn_detection must be null: commit each turn (input_audio_buffer.commit); server "
-                               "turn detection is not supported yet", "unsupported", "session.turn_detection")
+        turns = self.turn_detection(s["turn_detection"]) if "turn_detection" in s else self.turns
         asked = s.get("input_audio_transcription") or {}
         context = asked.get("prompt") if isinstance(asked, dict) else None
         if context is not None and not isinstance(context, str):
             raise SessionError("input_audio_transcription.prompt must be a string",
                                param="session.input_audio_transcription.prompt")
-        if self.buffer and rate != self.rate:
-            raise SessionError("commit or clear the audio before changing input_sample_rate",
-                               param="session.input_sample_rate")
-        self.rate, self.context = rate, context if context is not None else self.context
-        await self.send({"type": kind.replace("update", "updated"),
-                         "session": {"input_audio_format": "pcm16", "input_sample_rate": rate, "turn_detection": None}})
+        pending = self.buffer or (self.live is not None and self.live.n)
+        if pending and (rate != self.rate or turns != self.turns):
+            raise SessionError("commit or clear the audio before changing input_sample_rate or turn_detection",
+                               param="session.input_sample_rate" if rate != self.rate else "session.turn_detection")
+        self.rate, self.turns = rate, turns
+        self.context = context if context is not None else self.context
+        await self.send({"type": kind.replace("update", "updated"), "session": self.settings()})
 
-    def commit(self) -> None:
+    def turn_detection(self, t) -> VadOptions | None:
+        """server_vad's options from a session's turn_detection (None: push-to-talk)."""
+        if t is None:
+            return None
+        if not isinstance(t, dict) or t.get("type", "server_vad") != "server_vad":
+            raise SessionError("turn_detection must be null or {\"type\": \"server_vad\", ...}", "unsupported",
+                               "session.turn_detection")
+        fields = {f.name for f in dataclasses.fields(VadOptions)}
+        changes = {}
+        for name, value in t.items():
+            if name in ("type", "create_response", "interrupt_response"):
+                continue
+            ours = OPENAI_VAD.get(name, name)
+            if ours not in fields:
+                raise SessionError(f"unknown turn_detection option {name!r}", param=f"session.turn_detection.{name}")
+            changes[ours] = value
+        try:
+            return dataclasses.replace(self.vad_defaults, **changes)
+        except (ValueError, TypeError) as e:
+            raise SessionError(str(e).replace("vad_options.", "turn_detection."),
+                               param="session.turn_detection") from None
+
+    # ------------------------------------------------------------------ server_vad
+    async def hear(self, x: np.ndarray) -> None:
+        """Audio into the live VAD (in a thread: its steps are numpy work), then what it found.
+        A turn whose audio would pass max_bytes is ended there, as a commit would."""
+        if self.live is None:
+            self.live = LiveVad(self.turns)
+        events = await asyncio.to_thread(self.live.feed, x)
+        await self.announce(events)
+        if 2 * len(self.live.buf) > self.max_bytes:
+            await self.end_stream()
+
+    def resample(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+        """A piece of the stream at 16 kHz, resampled as one stream (no seams between pieces)."""
+        if self.rate == SAMPLE_RATE:
+            return x
+        if self.resampler is None:
+            import soxr
+
+            self.resampler = soxr.ResampleStream(self.rate, SAMPLE_RATE, 1, dtype="float32")
+        y = self.resampler.resample_chunk(x, last=last)
+        if last:
+            self.resampler = None
+        return y
+
+    async def end_stream(self) -> None:
+        """The stream ends here (a commit): what is left of its speech is final; a new one begins."""
+        if self.resampler is not None and self.live is not None:
+            tail = self.resample(np.zeros(0, np.float32), last=True)
+            if len(tail):
+                await self.hear(tail)
+        if self.live is None or not self.live.n:
+            return
+        live, self.live = self.live, None
+        await self.announce(await asyncio.to_thread(live.finish))
+        self.offset += live.n
+        await self.stopped(self.offset)
+
+    async def announce(self, events: list) -> None:
+        for e in events:
+            if isinstance(e, Speech):
+                await self.speech(e)
+            elif e[0] == "started":
+                await self.started(self.offset + e[1])
+            else:                                       # dropped: too short to keep
+                await self.stopped(self.offset + e[1])
+
+    async def started(self, sample: int) -> None:
+        self.open = self.open or f"item_{next(self.items):04d}"
+        await self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms(sample),
+                         "item_id": self.open})
+
+    async def stopped(self, sample: int) -> None:
+        if self.open is not None:
+            await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms(sample),
+                             "item_id": self.open})
+            self.open = None
+
+    async def speech(self, e: Speech) -> None:
+        """A final segment: its item stopped and committed, its audio decoded as a file's segment."""
+        seg = e.segment
+        if self.open is None:
+            await self.started(self.offset + seg.start)
+        item = self.open
+        await self.stopped(self.offset + seg.end)
+        start = self.offset / SAMPLE_RATE
+        await self.transcribe_item(item, Cut(e.audio, start + seg.start_s, start + seg.end_s, e.speech))
+
+    # ------------------------------------------------------------------ push-to-talk and both
+    async def commit(self) -> None:
         """Transcribe the buffer as one item (nothing appended since the last commit: nothing)."""
         if not self.buffer:
             return
         samples = to_16k(np.concatenate(self.buffer), self.rate)
-        item = f"item_{next(self.items):04d}"
+        await self.transcribe_item(f"item_{next(self.items):04d}", samples)
+        self.buffer = []
+
+    async def transcribe_item(self, item: str, audio: np.ndarray | Cut) -> None:
+        """Commit an item (16 kHz samples, or a Cut) and transcribe it in a task of its own."""
         try:
-            job = self.make_job(item, samples, self.context)
+            job = self.make_job(item, audio, self.context)
         except Exception as e:  # noqa: BLE001 - the server refuses the settings (a context too long)
             raise SessionError(str(e), param="session.input_audio_transcription.prompt") from None
-        self.buffer, previous, self.previous = [], self.previous, item
+        previous, self.previous = self.previous, item
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
         self.jobs.add(job)
-        task = asyncio.ensure_future(self.transcribe(item, previous, job))
+        task = asyncio.ensure_future(self.transcribe(item, job))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def transcribe(self, item: str, previous: str | None, job: Job) -> None:
-        await self.send({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
+    async def transcribe(self, item: str, job: Job) -> None:
         job.future.add_done_callback(lambda _: job.emit(None))
         segments, text = [], ""
         try:
@@ -158,7 +289,8 @@ class Session:
                              "content_index": 0, "transcript": result.text,
                              "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments]})
         except Exception as e:  # noqa: BLE001 - the item failed (bad audio, a full queue): said, the session goes on
-            await self.send(error_event(str(e) or e.__class__.__name__, "transcription_failed", None))
+            await self.send({**error_event(str(e) or e.__class__.__name__, "transcription_failed", None),
+                             "item_id": item})
         finally:
             self.jobs.discard(job)
 
@@ -168,6 +300,48 @@ class Session:
             job.cancel()
         for task in self.tasks:
             task.cancel()
+
+
+async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable], Session]) -> None:
+    """A /v1/realtime connection (a Starlette WebSocket): the api_key checked at the handshake
+    (Authorization: Bearer, or the openai-insecure-api-key.* subprotocol), then the client's
+    events handed to its session (make_session(send)) until it goes; a bad event is an error event."""
+    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+    if api_key and ws.headers.get("authorization") != f"Bearer {api_key}" \
+            and f"openai-insecure-api-key.{api_key}" not in offered:
+        await ws.close(code=1008)       # refused at the handshake (403)
+        return
+    await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
+    lock, open_ = asyncio.Lock(), [True]
+
+    async def send(message: dict) -> None:
+        async with lock:
+            if open_[0]:
+                try:
+                    await ws.send_text(json.dumps(message, ensure_ascii=False))
+                except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
+                    open_[0] = False
+
+    session = make_session(send)
+    await send({"type": "transcription_session.created", "session": session.settings()})
+    try:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            try:
+                if message.get("text") is None:
+                    raise SessionError("events are JSON text frames", "invalid_event")
+                await session.handle(message["text"])
+            except SessionError as e:
+                await send(error_event(str(e), e.code, e.param))
+    finally:
+        open_[0] = False
+        session.close()
+
+
+def ms(sample: int) -> int:
+    return int(sample * 1000 // SAMPLE_RATE)
 
 
 def error_event(message: str, code: str, param: str | None) -> dict:

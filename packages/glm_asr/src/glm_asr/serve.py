@@ -9,8 +9,8 @@ by default; above 0: that temperature alone, seeded per segment), timestamp_gran
 segment), stream (true: server-sent transcript.text.delta events a segment as it is decoded, then
 transcript.text.done; json and text), language (accepted, unused) and prompt (OpenAI's style or
 context hint: our `context`, read after the instruction, the server's `prompt` option)), the
-/v1/realtime WebSocket (OpenAI's Realtime transcription events, push-to-talk: glm_asr.realtime), GET
-/v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
+/v1/realtime WebSocket (OpenAI's Realtime transcription events, server VAD or push-to-talk:
+glm_asr.realtime), GET /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
 request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
 for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
 Transcriber.transcribe_many over the uploads as they come), so the windows of all requests in
@@ -27,8 +27,9 @@ import queue
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import hydra
 import numpy as np
@@ -48,7 +49,8 @@ from .audio import SAMPLE_RATE, Audio, AudioError
 from .formats import join, render
 from .subtitles import join_text
 from .pipeline import Dropped, with_context
-from .realtime import OPENAI_RATE, Session, SessionError, error_event
+from .reading import Cut
+from .realtime import Session, serve_socket
 from .transcribe import MODEL_OPTIONS, loop_guard, vad_options
 from .vad import stop_workers
 
@@ -179,31 +181,58 @@ async def _save_upload(upload, scratch: str) -> tuple[str, str]:
     return name, path
 
 
+@dataclass
+class Served:
+    """What the routes of a running server share: its options, recognizer, model id, loop guard,
+    pipeline and counters."""
+    o: dict
+    asr: SpeechRecognizer
+    model_id: str
+    guard: object
+    worker: Callable
+    audio_seconds: object
+    max_bytes: int
+
+    def instruction(self, fields: dict) -> str:
+        """A request's instruction: the server's, with the request's prompt as its context (else
+        the server's context option); 400 if a window's prompt could not fit it."""
+        text = with_context(self.o["prompt"], fields.get("prompt") or self.o["context"])
+        try:
+            self.asr.transcriber.check(text, self.o["max_new_tokens"])
+        except ValueError as e:
+            raise APIError(400, f"prompt too long: {e}", "prompt") from None
+        return text
+
+    def counted(self, job: Job, seconds: float) -> Job:
+        """The job, its audio counted in audio_seconds once it succeeds."""
+        if seconds:
+            job.future.add_done_callback(lambda f: f.exception() or self.audio_seconds.inc(seconds))
+        return job
+
+
 def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     o = _server_settings(cfg)
-    default_format = o["output_format"]
     source = from_model_config(cfg.model)
     model_id = str(cfg.get("served_model_name") or (source.name if cfg.model.get("path") else cfg.model.get("id")))
     asr = asr or load(str(source), o["device"], max_batch=o["max_batch"], precision=o["precision"])
     asr.transcriber.check(with_context(o["prompt"], o["context"]), o["max_new_tokens"])
     guard = fallback_settings(**loop_guard(cfg, o))     # a request's temperature 0; above 0 its own
-
-    def instruction(fields: dict) -> str:
-        """A request's instruction: the server's, with the request's prompt as its context (else
-        the server's context option); 400 if a window's prompt could not fit it."""
-        text = with_context(o["prompt"], fields.get("prompt") or o["context"])
-        try:
-            asr.transcriber.check(text, o["max_new_tokens"])
-        except ValueError as e:
-            raise APIError(400, f"prompt too long: {e}", "prompt") from None
-        return text
     if asr.transcriber.model.xp is not np:     # compiles and captures; on the CPU there are none
         asr.transcriber.warm_up(o["prompt"])
-    max_bytes = int(o["max_upload_mb"] * 1024 * 1024)
     metrics = Metrics("glm_asr")
     audio_seconds = metrics.add_counter("audio_seconds", "seconds of audio transcribed")
     app, worker = make_app("glm_asr", model_id, metrics, lambda: SharedPipeline(asr, o, metrics),
                            cfg.get("api_key") or None)
+    served = Served(o, asr, model_id, guard, worker, audio_seconds, int(o["max_upload_mb"] * 1024 * 1024))
+    add_transcriptions(app, served)
+    add_realtime(app, served, cfg.get("api_key") or None)
+    return app, o
+
+
+def add_transcriptions(app, s: Served) -> None:
+    """POST /v1/audio/transcriptions: an upload through the shared pipeline, answered whole or
+    streamed (server-sent events)."""
+    o = s.o
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request):
@@ -218,18 +247,18 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
     async def _handle(request: Request, scratch: str):
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise APIError(400, "send multipart/form-data with a file field", "file")
-        body = limited(request, max_bytes, "max_upload_mb")
+        body = limited(request, s.max_bytes, "max_upload_mb")
         try:
             form = await body.form(max_files=1, max_fields=64)
         except UploadTooLarge:
-            raise too_large(max_bytes, "max_upload_mb", "file") from None
+            raise too_large(s.max_bytes, "max_upload_mb", "file") from None
         except APIError:
             raise
         except Exception as e:  # noqa: BLE001 - a malformed multipart body
             raise APIError(400, f"cannot read the form: {e}") from None
         try:
-            upload, fields, fmt, stream = _request_settings(form, model_id, default_format)
-            prompt = instruction(fields)
+            upload, fields, fmt, stream = _request_settings(form, s.model_id, o["output_format"])
+            prompt = s.instruction(fields)
             name, path = await _save_upload(upload, scratch)
         finally:
             await form.close()
@@ -242,11 +271,9 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
         job = Job()
         job.source, job.stream = (name, lambda: Audio(path, o["audio_stream"], name=name)), stream
         t = fields.get("temperature") or 0.0
-        job.guard = guard if t == 0 else replace(guard, temperatures=(t,))
+        job.guard = s.guard if t == 0 else replace(s.guard, temperatures=(t,))
         job.instruction = prompt
-        job = submit(worker(), job)
-        if seconds:
-            job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(seconds))
+        job = s.counted(submit(s.worker(), job), seconds)
         if stream:
             job.future.add_done_callback(lambda _: shutil.rmtree(scratch, ignore_errors=True))
             return StreamingResponse(transcript_events(request, job, o["vad"] == "silero"),
@@ -260,54 +287,21 @@ def build_app(cfg: DictConfig, asr: SpeechRecognizer | None = None):
                            str(e), "file", "invalid_audio") from None
         return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
 
+
+def add_realtime(app, s: Served, api_key: str | None) -> None:
+    """The /v1/realtime WebSocket (glm_asr.realtime): each item a job of the shared pipeline."""
+    vad = vad_settings("silero", s.o["vad_options"])
+
+    def make_job(item: str, audio, context: str | None) -> Job:
+        """An item's job: 16 kHz samples (through the server's VAD) or a live VAD's Cut."""
+        job = Job()
+        job.source, job.stream = (item, lambda: audio), True
+        job.guard, job.instruction = s.guard, s.instruction({"prompt": context})
+        return s.counted(job, audio.seconds if isinstance(audio, Cut) else len(audio) / SAMPLE_RATE)
+
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket):
-        """OpenAI's Realtime transcription events, push-to-talk (glm_asr.realtime); the api_key
-        checked at the handshake (Authorization: Bearer, or the openai-insecure-api-key.* subprotocol)."""
-        key = cfg.get("api_key") or None
-        offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-        if key and ws.headers.get("authorization") != f"Bearer {key}" \
-                and f"openai-insecure-api-key.{key}" not in offered:
-            await ws.close(code=1008)       # refused at the handshake (403)
-            return
-        await ws.accept(subprotocol="realtime" if "realtime" in offered else None)
-        lock, open_ = asyncio.Lock(), [True]
-
-        async def send(message: dict) -> None:
-            async with lock:
-                if open_[0]:
-                    try:
-                        await ws.send_text(json.dumps(message, ensure_ascii=False))
-                    except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
-                        open_[0] = False
-
-        def make_job(item: str, samples, context: str | None) -> Job:
-            job = Job()
-            job.source, job.stream = (item, lambda: samples), True
-            job.guard, job.instruction = guard, instruction({"prompt": context})
-            job.future.add_done_callback(lambda f: f.exception() or audio_seconds.inc(len(samples) / SAMPLE_RATE))
-            return job
-
-        session = Session(send, worker, make_job, max_bytes)
-        await send({"type": "transcription_session.created",
-                    "session": {"input_audio_format": "pcm16", "input_sample_rate": OPENAI_RATE,
-                                "turn_detection": None}})
-        try:
-            while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                try:
-                    if message.get("text") is None:
-                        raise SessionError("events are JSON text frames", "invalid_event")
-                    await session.handle(message["text"])
-                except SessionError as e:
-                    await send(error_event(str(e), e.code, e.param))
-        finally:
-            open_[0] = False
-            session.close()
-
-    return app, o
+        await serve_socket(ws, api_key, lambda send: Session(send, s.worker, make_job, s.max_bytes, vad))
 
 
 async def transcript_events(request: Request, job: Job, readable: bool):
