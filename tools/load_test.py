@@ -1,6 +1,6 @@
 """Load test of the OpenAI-compatible servers: concurrent clients on loopback (GPU host).
 
-    python tools/load_test.py [--out DIR] [--concurrency 1,8,32,64] [--kind gpt,asr] [--device gpu]
+    python tools/load_test.py [--out DIR] [--concurrency 1,8,32,64] [--kind gpt,asr,live] [--device gpu]
 
 Starts each server (python -m gpt.serve, python -m glm_asr.serve) as a subprocess on a free port
 of 127.0.0.1 over a full-size checkpoint of seeded random weights written to a temporary folder
@@ -13,7 +13,12 @@ that the clients' own Python is not what is measured), each sending requests bac
   token p50/p99;
 - asr: POST /v1/audio/transcriptions, 30 s of speech-like audio (benchlib.synthetic_speechlike)
   as FLAC, max_new_tokens 64 (the server's default, set at start); real-time factor aggregate
-  (audio seconds / wall seconds), latency p50/p99.
+  (audio seconds / wall seconds), latency p50/p99;
+- live: C sessions of /v1/realtime (server_vad) at once, each streaming --live-seconds of speech
+  with pauses (the tests' espeak fixtures, looped) as pcm16 at 1x real time in 100 ms appends,
+  then committing: for each utterance the time from its speech_stopped event (the VAD closing
+  the turn) to its transcript's completed event, p50/p99, and how late any append was sent
+  (a session fallen behind real time shows there). One warm round, then one measured a level.
 Every round is run four times: the first compiles and captures what that concurrency needs
 (prefill graphs of its batch sizes), as in a server that has been running; the median of the
 other three is reported, with all three in the order run (`rounds`): the rounds of 64 gpt
@@ -90,6 +95,8 @@ CLIENT_PROCESSES = 8      # the clients' processes at most: one Python process o
 BOUNDARY = "loadtestboundary"
 ROUNDS = 3                # measured rounds a concurrency (after a warm one): the median is reported
 FIGURE = {"gpt": "tokens_per_s", "asr": "realtime_factor"}
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "asr" / "fixtures"
+PIECE = 1600              # samples (100 ms at 16 kHz) a live append carries
 ROUTES = {"gpt": ("/v1/completions", "application/json"),
           "asr": ("/v1/audio/transcriptions", f"multipart/form-data; boundary={BOUNDARY}")}
 
@@ -164,17 +171,17 @@ def clients(kind: str, url: str, body: bytes, c: int, left, start, results) -> N
         results.put(e)
 
 
-def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
-    """c clients sending requests back to back until max(8, 4c) are answered, spread over up to
-    CLIENT_PROCESSES processes started (and waiting at a barrier) before the clock starts."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    body = gpt_body(payload, new) if kind == "gpt" else asr_body(payload)
+def in_processes(ctx, c: int, job, timeout: float) -> list:
+    """c clients over up to CLIENT_PROCESSES processes, each started as job(its share, start,
+    results) -> (target, args), waiting at the barrier `start` until all are ready; what each
+    puts in `results`. A failed process's error is raised (the first cause, not the others'
+    broken barrier)."""
     n_procs = min(c, CLIENT_PROCESSES)
-    left, start, results = ctx.Value("i", max(8, 4 * c)), ctx.Barrier(n_procs + 1), ctx.Queue()
-    shares = [c // n_procs + (i < c % n_procs) for i in range(n_procs)]
-    procs = [ctx.Process(target=clients, args=(kind, url, body, k, left, start, results)) for k in shares]
+    start, results = ctx.Barrier(n_procs + 1), ctx.Queue()
+    procs = []
+    for i in range(n_procs):
+        target, args = job(c // n_procs + (i < c % n_procs), start, results)
+        procs.append(ctx.Process(target=target, args=args))
     for p in procs:
         p.start()
     try:
@@ -182,15 +189,27 @@ def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
             start.wait(timeout=120)
         except threading.BrokenBarrierError:
             pass                    # a client process failed: its error comes with the results
-        got = [results.get(timeout=900) for _ in procs]
+        got = [results.get(timeout=timeout) for _ in procs]
     finally:
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
     errors = [g for g in got if isinstance(g, Exception)]
-    if errors:                      # the first cause, not the others' broken barrier
+    if errors:
         raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    return got
+
+
+def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
+    """c clients sending requests back to back until max(8, 4c) are answered, spread over up to
+    CLIENT_PROCESSES processes started (and waiting at a barrier) before the clock starts."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    body = gpt_body(payload, new) if kind == "gpt" else asr_body(payload)
+    left = ctx.Value("i", max(8, 4 * c))
+    got = in_processes(ctx, c, lambda k, start, results: (clients, (kind, url, body, k, left, start, results)), 900)
     out = [o for g in got for o in g[0]]
     wall = max(g[1][1] for g in got) - min(g[1][0] for g in got)
     lat = [o[1] for o in out]
@@ -206,6 +225,98 @@ def round_(kind: str, url: str, c: int, payload, new: int = 128) -> dict:
     return row
 
 
+def speech_stream(seconds: float) -> bytes:
+    """pcm16 at 16 kHz: the espeak fixtures with their pauses, 2.5 s of silence after each (a
+    turn ends), looped to `seconds`."""
+    import soundfile as sf
+
+    clips = [sf.read(FIXTURES / f, dtype="int16")[0] for f in ("pause3s.flac", "one.flac", "pause05.flac")]
+    parts, n = [], 0
+    while n < seconds * 16000:
+        for c in clips:
+            parts += [c, np.zeros(40000, np.int16)]
+            n += len(c) + 40000
+    return np.concatenate(parts)[: int(seconds * 16000)].astype("<i2").tobytes()
+
+
+async def live_session(http, url: str, pcm: bytes) -> tuple[list[float], float]:
+    """One session: (each utterance's seconds from speech_stopped to completed, the latest an
+    append went out past its real-time schedule)."""
+    import asyncio
+    import base64
+
+    ws = await http.ws_connect(url.replace("http", "ws") + "/v1/realtime", max_msg_size=0)
+    await ws.receive_json()
+    await ws.send_json({"type": "transcription_session.update", "session": {"input_sample_rate": 16000}})
+    await ws.receive_json()
+    stopped, waits, done = {}, [], asyncio.Event()
+
+    async def listen():
+        committed, finished, ended = set(), set(), False
+        while not (ended and committed <= finished):
+            e = await ws.receive_json()
+            now = time.perf_counter()
+            if e["type"] == "input_audio_buffer.speech_stopped":
+                stopped[e["item_id"]] = now
+            elif e["type"] == "input_audio_buffer.committed":
+                committed.add(e["item_id"])
+            elif e["type"] == "conversation.item.input_audio_transcription.completed":
+                finished.add(e["item_id"])
+                waits.append(now - stopped[e["item_id"]])
+            elif e["type"] == "input_audio_buffer.cleared":
+                ended = True
+            elif e["type"] == "error":
+                raise RuntimeError(f"live: {e['error']['message']}")
+        done.set()
+
+    listener = asyncio.ensure_future(listen())
+    t0, lag = time.perf_counter(), 0.0
+    for i in range(0, len(pcm), 2 * PIECE):
+        due = t0 + i / 2 / 16000
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        lag = max(lag, time.perf_counter() - due)
+        piece = base64.b64encode(pcm[i:i + 2 * PIECE]).decode()
+        await ws.send_json({"type": "input_audio_buffer.append", "audio": piece})
+    await ws.send_json({"type": "input_audio_buffer.commit"})
+    await ws.send_json({"type": "input_audio_buffer.clear"})
+    await listener
+    await ws.close()
+    return waits, lag
+
+
+def live_clients(url: str, pcm: bytes, c: int, start, results) -> None:
+    """One process's c live sessions, started together once every process is ready."""
+    import asyncio
+
+    import aiohttp
+
+    async def run():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1800)) as http:
+            start.wait()
+            return await asyncio.gather(*[live_session(http, url, pcm) for _ in range(c)])
+
+    try:
+        results.put(asyncio.run(run()))
+    except Exception as e:          # noqa: BLE001 - handed to the parent, which raises it
+        start.abort()
+        results.put(e)
+
+
+def live_round(url: str, c: int, seconds: float) -> dict:
+    """c live sessions at once, over up to CLIENT_PROCESSES processes."""
+    import multiprocessing
+
+    pcm = speech_stream(seconds)
+    ctx = multiprocessing.get_context("spawn")
+    got = in_processes(ctx, c, lambda k, start, results: (live_clients, (url, pcm, k, start, results)), 1800)
+    sessions = [s for g in got for s in g]
+    waits = [w for s in sessions for w in s[0]]
+    return {"kind": "live", "concurrency": c, "audio_s_each": seconds, "utterances": len(waits),
+            "completed_after_turn_p50_s": round(percentile(waits, 50), 4),
+            "completed_after_turn_p99_s": round(percentile(waits, 99), 4),
+            "append_late_max_s": round(max(s[1] for s in sessions), 4)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -213,6 +324,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints (a smoke run on any host)")
+    ap.add_argument("--live-seconds", type=float, default=60.0, help="audio each live session streams")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
@@ -225,6 +337,9 @@ def main() -> None:
                 module, extra = "gpt.serve", ["served_model_name=gpt2", f"max_batch={max(levels)}", "stop=[]"]
                 rng = np.random.default_rng(0)
                 payload = rng.integers(0, 300 if args.small else 50257, 32 if args.small else 128).tolist()
+            elif kind == "live":
+                served_checkpoint("asr", ckpt, args.small)
+                module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64"]
             else:
                 served_checkpoint("asr", ckpt, args.small)
                 module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64", "vad=none"]
@@ -236,7 +351,16 @@ def main() -> None:
             proc, url = start(module, [f"model.path={ckpt}", f"device={args.device}", *extra], tmp)
             try:
                 new = 16 if args.small else 128
+                if kind == "live":
+                    live_round(url, max(levels), 10.0)      # warm: the VAD's and decoder's shapes
                 for c in levels:
+                    if kind == "live":
+                        rows.append(live_round(url, c, args.live_seconds))
+                        print(rows[-1], flush=True)
+                        if not args.small:
+                            write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows},
+                                         args.out)
+                        continue
                     round_(kind, url, c, payload, new)      # warm: its prefill shapes captured, as a running server has
                     runs = [round_(kind, url, c, payload, new) for _ in range(ROUNDS)]
                     median = sorted(runs, key=lambda r: r[FIGURE[kind]])[len(runs) // 2]
