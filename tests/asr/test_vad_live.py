@@ -97,3 +97,33 @@ def test_a_session_resamples_its_stream_as_one():
     got = [s.resample(x[i:i + 2400]) for i in range(0, len(x), 2400)] + [s.resample(np.zeros(0, np.float32), True)]
     np.testing.assert_allclose(np.concatenate(got), soxr.resample(x, 24000, 16000), atol=1e-6)
     assert s.resampler is None
+
+
+def test_a_feeder_batches_streams_and_gives_each_its_own(stream):
+    """Streams fed together through a Feeder get what each fed alone gets; a feed after the end
+    fails alone; the thread goes once idle."""
+    from glm_asr.vad.live import Feeder
+
+    f, x = Feeder(), stream[:16000 * 20]
+    f.IDLE_S = 0.2
+    alone = [LiveVad(), LiveVad(VadOptions(min_silence_duration_ms=300))]
+    together = [LiveVad(), LiveVad(VadOptions(min_silence_duration_ms=300))]
+    want, got = [[], []], [[], []]
+    for i in range(0, len(x), 4000):
+        futures = [f.submit(v, x[i:i + 4000]) for v in together]
+        for k in range(2):
+            want[k] += alone[k].feed(x[i:i + 4000])
+            got[k] += futures[k].result(30)
+    ended = LiveVad()
+    ended.finish()
+    bad, fine = f.submit(ended, x[:100]), f.submit(together[0], None)
+    with pytest.raises(ValueError, match="ended"):
+        bad.result(30)
+    got[0] += fine.result(30)
+    want[0] += alone[0].finish()
+    seg = lambda events: [e.segment if isinstance(e, Speech) else e for e in events]     # noqa: E731
+    assert seg(got[0]) == seg(want[0]) and seg(got[1]) == seg(want[1]) and len(seg(want[1])) > 2
+    import time
+
+    time.sleep(0.6)
+    assert f._thread is None

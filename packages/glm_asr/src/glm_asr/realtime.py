@@ -37,11 +37,12 @@ from .audio import SAMPLE_RATE
 from .reading import Cut
 from .subtitles import join_text
 from .vad import VadOptions
-from .vad.live import LiveVad, Speech
+from .vad.live import Feeder, LiveVad, Speech
 
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+FEEDER = Feeder()                # every session's live VAD, fed together (one encoder chain a round)
 OPENAI_VAD = {"threshold": "threshold", "silence_duration_ms": "min_silence_duration_ms",
               "prefix_padding_ms": "speech_pad_ms"}     # OpenAI's server_vad fields: ours
 
@@ -185,11 +186,11 @@ class Session:
 
     # ------------------------------------------------------------------ server_vad
     async def hear(self, x: np.ndarray) -> None:
-        """Audio into the live VAD (in a thread: its steps are numpy work), then what it found.
+        """Audio into the live VAD (FEEDER's thread, with the other sessions'), then what it found.
         A turn whose audio would pass max_bytes is ended there, as a commit would."""
         if self.live is None:
             self.live = LiveVad(self.turns)
-        events = await asyncio.to_thread(self.live.feed, x)
+        events = await asyncio.wrap_future(FEEDER.submit(self.live, x))
         await self.announce(events)
         if 2 * len(self.live.buf) > self.max_bytes:
             await self.end_stream()
@@ -216,7 +217,7 @@ class Session:
         if self.live is None or not self.live.n:
             return
         live, self.live = self.live, None
-        await self.announce(await asyncio.to_thread(live.finish))
+        await self.announce(await asyncio.wrap_future(FEEDER.submit(live, None)))
         self.offset += live.n
         await self.stopped(self.offset)
 

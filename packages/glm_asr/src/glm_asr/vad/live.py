@@ -11,11 +11,13 @@ is bounded by the audio since the last segment given out (and a VAD block), not 
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 
-from .model import CONTEXT, _one_blas_thread, block_frames, model_steps
+from .model import CONTEXT, _gate_inputs, _one_blas_thread, block_frames, lstm_steps
 from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
 
 
@@ -53,42 +55,46 @@ class LiveVad:
         return self.first + len(self.probs)
 
     def feed(self, samples: np.ndarray) -> list:
-        if self.ended:
-            raise ValueError("the stream has ended")
-        x = np.asarray(samples, np.float32).reshape(-1)
-        self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
-        self.n += len(x)
-        self._advance(self.n // FRAME)
-        return self._events()
+        return feed_all([(self, samples)])[0]
 
     def finish(self) -> list:
         """The stream's end: its last frame zero padded, every segment left final."""
-        if not self.ended:
-            self.ended = True
-            self._advance(-(-self.n // FRAME))
-        return self._events()
+        return feed_all([(self, None)])[0]
 
     # ------------------------------------------------------------------ probabilities
-    def _advance(self, frames: int) -> None:
-        """Probabilities up to `frames`: each frame from its block's row, a block's row from its
-        warm-up before it, with a fresh state (speech_probs' blocks)."""
-        out, f = [], self.frames
-        with _one_blas_thread():        # OpenBLAS's threads on these small products cost far more than they give
-            self._steps(frames, f, out)
-        if out:
-            self.probs = np.concatenate([self.probs, *out])
+    def _take(self, samples: np.ndarray | None) -> int:
+        """Keep the samples (None: the stream ends); the frames whose probabilities it can have."""
+        if self.ended:
+            if samples is None:
+                return self.frames
+            raise ValueError("the stream has ended")
+        if samples is None:
+            self.ended = True
+            return -(-self.n // FRAME)
+        x = np.asarray(samples, np.float32).reshape(-1)
+        self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
+        self.n += len(x)
+        return self.n // FRAME
 
-    def _steps(self, frames: int, f: int, out: list) -> None:
+    def _pieces(self, frames: int) -> list[tuple[int, int, int]]:
+        """(block, first frame, end) of each run of one block's row up to `frames`: a block's row
+        starts from its warm-up before it, with a fresh state (speech_probs' blocks)."""
+        out, f, row = [], self.frames, self.row
         while f < frames:
             k = f // self.block if self.block else 0
-            if self.row is None or self.row[0] != k:
-                self.row = (k, max(0, k * self.block - self.warm), None, None)
-            _, nxt, h, c = self.row
+            nxt = row[1] if row is not None and row[0] == k else max(0, k * self.block - self.warm)
             end = min(frames, (k + 1) * self.block) if self.block else frames
-            p, h, c = model_steps(self._frames(nxt, end), 1, h, c)
-            self.row = (k, end, h, c)
-            out.append(p[f - nxt:, 0])
-            f = end
+            out.append((k, nxt, end))
+            row, f = (k, end), end
+        return out
+
+    def _step(self, piece: tuple[int, int, int], gates: np.ndarray) -> None:
+        """The LSTM and head over one piece's gate inputs, its new probabilities appended."""
+        k, nxt, end = piece
+        h, c = self.row[2:] if self.row is not None and self.row[0] == k else (None, None)
+        p, h, c = lstm_steps(gates[:, None], h, c)
+        self.row = (k, end, h, c)
+        self.probs = np.concatenate([self.probs, p[self.frames - nxt:, 0]])
 
     def _frames(self, g0: int, g1: int) -> np.ndarray:
         """Frames g0 .. g1 - 1 with their context, (g1 - g0, CONTEXT + FRAME): zeros before the
@@ -164,3 +170,68 @@ class LiveVad:
         keep = min(pending - pad, (self.frames - self.warm) * FRAME - CONTEXT)
         keep = max(keep, self.origin)
         self.buf, self.origin = self.buf[keep - self.origin:], keep
+
+
+def feed_all(streams: list[tuple[LiveVad, np.ndarray | None]]) -> list[list]:
+    """LiveVad.feed (samples) or finish (None) for many streams at once, each stream's events:
+    the encoder of every stream's new frames in one chain of products (nearly all of the work),
+    then each stream's LSTM steps."""
+    plans = [(v, v._pieces(v._take(x))) for v, x in streams]
+    chunks = [v._frames(nxt, end) for v, pieces in plans for _, nxt, end in pieces]
+    if chunks:
+        with _one_blas_thread():        # OpenBLAS's threads on these small products cost far more than they give
+            gates, at = _gate_inputs(np.concatenate(chunks)), 0
+            for v, pieces in plans:
+                for piece in pieces:
+                    m = piece[2] - piece[1]
+                    v._step(piece, gates[at:at + m])
+                    at += m
+    return [v._events() for v, _ in streams]
+
+
+class Feeder:
+    """A thread feeding the LiveVads of many streams together (feed_all): what is submitted while
+    it works goes into its next batch, so N sessions cost one encoder chain a round, not N. It
+    exits after IDLE_S without work and starts again on the next submit."""
+    IDLE_S = 5.0
+
+    def __init__(self):
+        self._wake = threading.Condition()
+        self._pending: list[tuple[LiveVad, np.ndarray | None, Future]] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, vad: LiveVad, samples: np.ndarray | None) -> Future:
+        """feed(samples) (None: finish()) in the next batch; a Future of its events. One stream's
+        submits must each be awaited before the next (a session's appends are)."""
+        future: Future = Future()
+        with self._wake:
+            self._pending.append((vad, samples, future))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="glm_asr-live-vad", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                if not self._pending:
+                    self._wake.wait(self.IDLE_S)
+                if not self._pending:
+                    self._thread = None
+                    return
+                batch, self._pending = self._pending, []
+            ready = []
+            for vad, x, future in batch:
+                if vad.ended and x is not None:
+                    future.set_exception(ValueError("the stream has ended"))
+                else:
+                    ready.append((vad, x, future))
+            try:
+                results = feed_all([(vad, x) for vad, x, _ in ready])
+            except Exception as e:  # noqa: BLE001 - handed to every submitter of the batch
+                for _, _, future in ready:
+                    future.set_exception(e)
+                continue
+            for (_, _, future), events in zip(ready, results):
+                future.set_result(events)

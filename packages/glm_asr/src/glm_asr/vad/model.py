@@ -122,10 +122,14 @@ def _run_rows(view, rows, steps: int, chunk: int):
 def model_steps(frames, rows: int, h=None, c=None):
     """(probabilities (steps, rows), h, c): Silero's streaming model over frames (steps * rows,
     CONTEXT + FRAME), step-major, from the LSTM state (h, c) (None: a fresh one)."""
-    xp = array_module(frames)
+    return lstm_steps(_gate_inputs(frames).reshape(len(frames) // rows, rows, 4 * STATE), h, c)
+
+
+def lstm_steps(gates, h=None, c=None):
+    """model_steps' second half: the LSTM and the head over gate inputs (steps, rows, 4 * STATE)."""
+    xp = array_module(gates)
     w = weights(xp)
-    m = len(frames) // rows
-    gates = _gate_inputs(frames).reshape(m, rows, 4 * STATE)
+    m, rows = gates.shape[:2]
     hs, h, c = lstm(gates, w["lstm.weight_hh"], h, c)
     p = _product(xp.maximum(hs, 0).reshape(m * rows, STATE), w["head.row"], w["head.bias"], "sigmoid")
     return p.reshape(m, rows), h, c
