@@ -304,6 +304,43 @@ def test_a_client_that_leaves_frees_its_windows(asr, tmp_path):
     assert running(asr) == 0 and time.monotonic() - left < whole / 2, (whole, time.monotonic() - left)
 
 
+def test_a_live_session_that_leaves_frees_its_items(asr):
+    """A /v1/realtime client (server_vad) that goes away while its utterances decode: their
+    windows leave the engine at once (long before three turns' transcripts would be done), and
+    the server serves the next session."""
+    import base64
+
+    from websockets.sync.client import connect
+
+    speech = sf.read(ROOT / "tests/asr/fixtures/pause05.flac", dtype="int16")[0]
+    turn = np.concatenate([speech] * 3 + [np.zeros(48000, np.int16)])         # ~16 s, then a turn's end
+    pcm = np.concatenate([turn] * 3)
+
+    def session(leave: bool) -> float:
+        """Seconds from the first item's commit to the third's transcript (or to leaving)."""
+        with connect(asr.url("/v1/realtime").replace("http", "ws"), open_timeout=30) as ws:
+            ws.recv(timeout=30)
+            ws.send(json.dumps({"type": "session.update", "session": {"input_sample_rate": 16000}}))
+            ws.recv(timeout=30)
+            for i in range(0, len(pcm), 16000):
+                ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                    "audio": base64.b64encode(pcm[i:i + 16000].astype("<i2").tobytes()).decode()}))
+            while (e := json.loads(ws.recv(timeout=60)))["type"] != "input_audio_buffer.committed":
+                assert e["type"] != "error", e
+            committed, done = time.monotonic(), 0
+            while not leave and done < 3:
+                done += json.loads(ws.recv(timeout=120))["type"].endswith("transcription.completed")
+            return time.monotonic() - committed
+
+    whole = session(leave=False)
+    session(leave=True)
+    left = time.monotonic()
+    while running(asr) > 0 and time.monotonic() - left < whole:
+        time.sleep(0.02)
+    assert running(asr) == 0 and time.monotonic() - left < whole / 3, (whole, time.monotonic() - left)
+    assert session(leave=False) > 0
+
+
 def test_uploads_closed_and_vad_workers_ended(request, tiny, tmp_path_factory):
     """glm_asr.serve with the VAD's worker processes: deleted uploads are not held open (after a
     few requests no file of its scratch folder is open, none deleted), and SIGTERM ends the
