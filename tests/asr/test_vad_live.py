@@ -77,12 +77,13 @@ def test_a_dropped_group_and_a_stream_ending_in_speech():
 def test_probabilities_are_the_files(stream):
     """Frame by frame, block by block (each warmed up on the second before it), to the rounding
     of the products' other shapes."""
-    x = stream[:16000 * 20]
-    v = LiveVad(VadOptions(min_speech_duration_ms=10 ** 9))        # no segment: no probability forgotten
+    x, v, got = stream[:16000 * 20], LiveVad(), []
     for i in range(0, len(x), 3000):
+        known = v.frames
         v.feed(x[i:i + 3000])
-    assert v.first == 0 and block_frames()[0] < len(x) // FRAME     # more than one block
-    np.testing.assert_allclose(v.probs, speech_probs(x)[:len(x) // FRAME], atol=1e-5)
+        got.append(v.probs[known - v.first:])             # each feed's new ones (older ones are forgotten)
+    assert v.first > 0 and block_frames()[0] < len(x) // FRAME      # some forgotten; more than one block
+    np.testing.assert_allclose(np.concatenate(got), speech_probs(x)[:len(x) // FRAME], atol=1e-5)
 
 
 def test_a_session_resamples_its_stream_as_one():
@@ -127,3 +128,18 @@ def test_a_feeder_batches_streams_and_gives_each_its_own(stream):
 
     time.sleep(0.6)
     assert f._thread is None
+
+
+def test_a_long_silence_costs_nothing_and_changes_nothing():
+    """Two minutes of silence between speech: what is kept stays small (probabilities and
+    samples), and the segments are still the file's."""
+    clip = sf.read(FIXTURES / "pause05.flac", dtype="float32")[0]
+    x = np.concatenate([clip, np.zeros(16000 * 120, np.float32), clip])
+    v, events, kept = LiveVad(), [], (0, 0)
+    for i in range(0, len(x), 16000):
+        events += v.feed(x[i:i + 16000])
+        if 16000 * 30 < i < 16000 * 110:
+            kept = max(kept[0], len(v.probs)), max(kept[1], len(v.buf))
+    events += v.finish()
+    assert [e.segment for e in events if isinstance(e, Speech)] == segments_from_probs(speech_probs(x), len(x))
+    assert kept[0] < 100 and kept[1] < 16000 * 3, kept      # frames, samples: ~2.5 s, not 80

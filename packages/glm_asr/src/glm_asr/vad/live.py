@@ -144,7 +144,7 @@ class LiveVad:
         if cut is not None:
             self.handled = self.first + cut
         pending = next((a for a, e in groups if cut is None or e > cut), None)
-        self._forget(cut, self.frames * FRAME if pending is None else base + pending * FRAME)
+        self._forget(cut, pending)
         return events
 
     def _cut(self, regions: list) -> int | None:
@@ -159,15 +159,20 @@ class LiveVad:
                 cut = end
         return cut
 
-    def _forget(self, cut: int | None, pending: int) -> None:
-        """Drop what no later segment or VAD block needs: probabilities before the cut, once a
-        segment was given out (the next one's padding is measured from its end), and samples
-        before the padded start of any speech still pending (`pending`: the stream sample where
-        it, or the next, can start) and before the warm-up of the next block."""
-        if cut is not None and self.before is not None and not self.ended:
-            self.probs, self.first = self.probs[cut:], self.first + cut
+    def _forget(self, cut: int | None, pending: int | None) -> None:
+        """Drop what no later segment or VAD block needs. Probabilities: those before the cut, or
+        with no speech pending (`pending`: the first frame of a group not final, in self.probs)
+        all but the last padding's worth, so a long silence costs nothing. Later speech starts at
+        least 2 * speech_pad_ms past either, so its padding and the hysteresis (off there) come
+        out as the whole stream's. Samples: those before the padded start of speech still pending
+        (or that can come) and before the next block's warm-up."""
         pad = int(self.o.speech_pad_ms * SAMPLE_RATE / 1000)
-        keep = min(pending - pad, (self.frames - self.warm) * FRAME - CONTEXT)
+        speech = self.frames * FRAME if pending is None else (self.first + pending) * FRAME
+        if not self.ended:
+            start = self.frames - math.ceil(pad / FRAME) - 1 if pending is None else self.first + (cut or 0)
+            if start > self.first:
+                self.probs, self.first = self.probs[start - self.first:], start
+        keep = min(speech - pad, (self.frames - self.warm) * FRAME - CONTEXT)
         keep = max(keep, self.origin)
         self.buf, self.origin = self.buf[keep - self.origin:], keep
 
