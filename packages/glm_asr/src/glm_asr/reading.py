@@ -20,7 +20,8 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, Audio
 from .features import Window, audio_tokens, log_mel, stream_windows, valid_frames
-from .vad import FRAME, VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
+from .vad import VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
+from .vad.segments import mean_speech
 
 READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
                            # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
@@ -139,9 +140,7 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
         first, again, offset = audio, audio.reopen, audio.offset_s
     p, n = stream_probs(first, probs)
     for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
-        speech = p[seg.start // FRAME: max(-(-seg.end // FRAME), seg.start // FRAME + 1)]
-        w = speech_window(x, offset + seg.start_s, offset + seg.end_s,
-                          float(np.mean(speech, dtype=np.float64)) if len(speech) else None, n_mels, xp)
+        w = speech_window(x, offset + seg.start_s, offset + seg.end_s, mean_speech(p, seg), n_mels, xp)
         if w is not None:
             yield w
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import CONTEXT, _gate_inputs, _one_blas_thread, block_frames, lstm_steps
-from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
+from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, mean_speech, segments_from_probs, speech_regions
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,7 @@ class LiveVad:
             for s in mine:
                 seg = Segment(s.start + base, s.end + base, s.audio_start + base, s.audio_end + base)
                 audio = self.buf[seg.audio_start - self.origin: seg.audio_end - self.origin].copy()
-                speech = self.probs[s.start // FRAME: max(-(-s.end // FRAME), s.start // FRAME + 1)]
-                events.append(Speech(seg, audio, float(np.mean(speech, dtype=np.float64)) if len(speech) else None))
+                events.append(Speech(seg, audio, mean_speech(self.probs, s)))
                 self.before = seg.end
             if not mine:
                 events.append(("dropped", base + min(e * FRAME, self.n - base)))

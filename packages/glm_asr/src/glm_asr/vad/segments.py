@@ -216,3 +216,10 @@ def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions |
             lp, rp = lp2, rp2
         out.append(Segment(a, b, a - lp, b + rp))
     return out
+
+
+def mean_speech(probs: np.ndarray, seg: Segment) -> float | None:
+    """The mean probability of a segment's speech frames (probs in the segment's time); None if
+    it has none. A segment's no_speech_prob is 1 minus it."""
+    p = probs[seg.start // FRAME: max(-(-seg.end // FRAME), seg.start // FRAME + 1)]
+    return float(np.mean(p, dtype=np.float64)) if len(p) else None
