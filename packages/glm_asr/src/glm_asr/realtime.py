@@ -172,8 +172,8 @@ class Session:
         fields = {f.name for f in dataclasses.fields(VadOptions)}
         changes = {}
         for name, value in t.items():
-            if name in ("type", "create_response", "interrupt_response"):
-                continue
+            if name in ("type", "create_response", "interrupt_response", "idle_timeout_ms"):
+                continue                            # OpenAI's, about responses and idle prompts: none here
             ours = OPENAI_VAD.get(name, name)
             if ours not in fields:
                 raise SessionError(f"unknown turn_detection option {name!r}", param=f"session.turn_detection.{name}")
