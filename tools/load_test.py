@@ -19,7 +19,7 @@ that the clients' own Python is not what is measured), each sending requests bac
   then committing: for each utterance the time from its speech_stopped event (the VAD closing
   the turn) to its transcript's completed event, p50/p99, and how late any append was sent
   (a session fallen behind real time shows there); holds_1x_p99_1s says whether that level held
-  real time with p99 <= 1 s (the most sessions a GPU holds: the largest such level). One warm
+  real time with p99 <= 1 s (what a GPU holds live: the largest such level). One warm
   round, then one measured a level.
 Every round is run four times: the first compiles and captures what that concurrency needs
 (prefill graphs of its batch sizes), as in a server that has been running; the median of the
