@@ -204,16 +204,21 @@ def test_cancelled_requests_give_back_their_memory(server):
     request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     pid, seen = server.proc.pid, []
-    for _ in range(12):
-        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
-            s.sendall(request)
-            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+
+    def idle() -> None:         # nothing running or queued (a test before this one may have left rows)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             text = get(server.url("/metrics"))[1]
             if "gpt_running_batch_size 0.0" in text and "gpt_queue_depth 0.0" in text:
-                break
+                return
             time.sleep(0.1)
+
+    idle()
+    for _ in range(12):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+            s.sendall(request)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        idle()
         seen.append((rss_mb(pid), len([f for f in open_files(pid) if f.startswith("/")])))
     rss = [mb for mb, _ in seen[4:]]
     steps = sorted(b - a for a, b in zip(rss, rss[1:]))
