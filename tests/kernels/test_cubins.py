@@ -1,6 +1,7 @@
 """The on-disk cubin cache and the parallel prebuild (tilekernels.cubins), on the CPU: a kernel
 compiles for an architecture named explicitly, which needs tileiras and no GPU."""
 from importlib import import_module
+from pathlib import Path
 
 import cuda.tile as ct
 import pytest
@@ -89,13 +90,85 @@ def test_the_shipped_manifests_name_kernels_that_exist():
     from cuda.tile.compilation import demangle_kernel_name
 
     root = Path(__file__).resolve().parents[2] / "packages"
-    manifests = sorted(root.glob("*/src/*/kernels.txt"))
+    manifests = sorted(root.glob("*/src/*/kernels/*.txt"))
+    assert len(manifests) >= 2          # gpt's and glm_asr's
     for m in manifests:
         for line in cubins.read_manifest(m):
             k, symbol = cubins._resolve(line)
             assert isinstance(k, cubins.kernel), line
             name, _ = demangle_kernel_name(symbol)
             assert name == k._pyfunc.__name__, line
+
+
+def _line(module, name, signature):
+    from cuda.tile.compilation import mangle_kernel_name
+
+    return f"tilekernels.{module}:{name} {mangle_kernel_name(name, signature)}"
+
+
+SOFTMAX_LINE = _line("softmax", "softmax_kernel", SOFTMAX)
+ACT_LINE = _line("activations", "activation_kernel", ACT)
+
+
+def test_a_cubin_another_process_is_building_is_waited_for_not_built(cache):
+    """A claim held by a live process (here this one, as a worker would be) makes a launch wait
+    until the cubin is stored, then load it; workers skip a claimed line."""
+    import io
+    import threading
+
+    from cuda.tile.compilation import export_kernel
+
+    k = softmax.softmax_kernel
+    symbol = SOFTMAX_LINE.split(" ")[1]
+    path = k.cache_file(symbol, "sm_90")
+    assert cubins.claim(path) and not cubins.claim(path)        # held: a second claim fails
+    cubins.prebuild([SOFTMAX_LINE, ACT_LINE], "sm_90", workers=1).join()
+    assert not path.exists() and cubins.missing([ACT_LINE], "sm_90") == []  # the worker built only the free one
+    before = dict(cubins.STATS)
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(r=k._compile(SOFTMAX, default_tile_context, (9, 0))))
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive()            # waiting for the holder
+    buf = io.BytesIO()
+    export_kernel(k, [SOFTMAX], buf, gpu_code="sm_90", output_format="cubin")
+    cubins._store(path, buf.getvalue())
+    cubins.release(path)
+    waiter.join(60)
+    assert got["r"][0] == buf.getvalue()
+    assert cubins.STATS["built"] == before["built"] and cubins.STATS["loaded"] == before["loaded"] + 1
+    assert cubins.STATS["wait_s"] >= before["wait_s"] + 0.4
+
+
+def test_a_dead_builders_claim_is_taken_over(cache):
+    import subprocess
+    import sys
+
+    k = softmax.softmax_kernel
+    symbol = SOFTMAX_LINE.split(" ")[1]
+    path = k.cache_file(symbol, "sm_90")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    path.parent.mkdir(parents=True)
+    path.with_suffix(".building").write_text(gone.stdout.strip())
+    before = dict(cubins.STATS)
+    cubin, *_ = k._compile(SOFTMAX, default_tile_context, (9, 0))
+    assert cubins.STATS["built"] == before["built"] + 1 and path.read_bytes() == cubin
+    assert not path.with_suffix(".building").exists()       # released
+
+
+def test_launched_lists_kernels_in_the_order_of_their_first_launch(cache):
+    """The manifest's order is the order a run first launched its kernels (workers build it so)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, %r); import test_cubins as t; from tilekernels import cubins\n"
+            "for k, sig in ((t.activations.activation_kernel, t.ACT), (t.softmax.softmax_kernel, t.SOFTMAX),\n"
+            "               (t.activations.activation_kernel, t.ACT)):\n"
+            "    k._compile(sig, t.default_tile_context, (9, 0))\n"
+            "print('\\n'.join(cubins.launched()))" % str(Path(__file__).parent))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == [ACT_LINE, SOFTMAX_LINE]
 
 
 def test_a_script_that_prebuilds_at_top_level_runs_once(cache, tmp_path):

@@ -8,9 +8,14 @@ sources' digest, the specialization's mangled name (cuda.tile's name mangling en
 whole signature and round-trips it), the compiler options, the cuda.tile and tileiras releases
 and the GPU architecture. A cache hit costs one file read.
 
-A model ships the list of the specializations it launches (a manifest, written by `launched`
-on a GPU run): `prebuild` compiles the ones missing from the cache in worker processes, one a
-core, while the model loads, and a launch that needs one still being built waits for it.
+A model ships the list of the specializations it launches, in the order a first run launches
+them (a manifest, written by `launched` on a GPU run): `prebuild` compiles the ones missing from
+the cache in worker processes, one a core, from the model's load on, in that order. Whoever builds
+a cubin first claims it (a marker file naming its process, `<cubin>.building`), so workers,
+launches and other processes on the machine share the work: a launch whose cubin another holds
+waits for it, one nobody holds is compiled by the launching process. A run therefore waits only
+for the kernels it launches; the workers finish the rest of the list in the background, also
+after the run has exited, so that the next run finds them.
 
 The cache lives in $TILEKERNELS_CACHE_DIR, else $XDG_CACHE_HOME/tilekernels, else
 ~/.cache/tilekernels ('off' turns it off); deleting the folder clears it.
@@ -33,11 +38,10 @@ import cuda.tile as ct
 from cuda.tile.compilation import demangle_kernel_name, export_kernel, mangle_kernel_name
 
 _LOCK = threading.Lock()
-_PENDING: dict[Path, "Prebuild"] = {}   # cubins a prebuild is making
-_LAUNCHED: set[str] = set()             # "module:name symbol" of every specialization this process loaded
+_LAUNCHED: dict[str, None] = {}         # "module:name symbol" of every specialization this process loaded, in order
 _BUILT: list[str] = []                  # those it compiled itself, in order
-STATS = {"loaded": 0, "built": 0, "build_s": 0.0, "prebuilt": 0, "prebuild_s": 0.0, "wait_s": 0.0,
-         "start_s": 0.0}
+STATS = {"loaded": 0, "built": 0, "build_s": 0.0, "prebuilt": 0, "wait_s": 0.0, "start_s": 0.0}
+STALE_S = 600.0         # a claim this old is a dead builder's (its pid may have been reused)
 
 
 def cache_dir() -> Path | None:
@@ -95,6 +99,74 @@ def _read(path: Path | None) -> bytes | None:
         return None
 
 
+def _marker(path: Path) -> Path:
+    return path.with_suffix(".building")
+
+
+def _holder_alive(mark: Path) -> bool:
+    """Whether the process named in a claim marker still runs (a marker just made, its pid not
+    yet written, counts as alive; one older than STALE_S as dead)."""
+    try:
+        if time.time() - mark.stat().st_mtime > STALE_S:
+            return False
+        text = mark.read_text().strip()
+    except OSError:
+        return False        # gone: released
+    if not text:
+        return True
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def claim(path: Path) -> bool:
+    """Take the building of `path` (False: another live process holds it); a dead holder's claim
+    is taken over. A cache that cannot be written is ours to build (and not stored)."""
+    mark = _marker(path)
+    for _ in range(2):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if _holder_alive(mark):
+                return False
+            with contextlib.suppress(OSError):
+                mark.unlink()
+            continue
+        except OSError:
+            return True
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
+def release(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _marker(path).unlink()
+
+
+def await_cubin(path: Path) -> bytes | None:
+    """The cached cubin, waiting while another process builds it; None once it is ours to build
+    (claimed: release it after storing)."""
+    began = None
+    while True:
+        cubin = _read(path)
+        if cubin is not None or claim(path):
+            break
+        began = began or time.perf_counter()
+        mark = _marker(path)
+        while not path.exists() and _holder_alive(mark):
+            time.sleep(0.005)
+    if began is not None:
+        STATS["wait_s"] += time.perf_counter() - began
+    return cubin
+
+
 def device_arch() -> str:
     """sm_XY of the current GPU."""
     import cupy
@@ -116,23 +188,22 @@ class kernel(ct.kernel):
         module, name = self.reference()
         path = self.cache_file(symbol, arch)
         with _LOCK:
-            _LAUNCHED.add(f"{module}:{name} {symbol}")
-            pending = _PENDING.get(path)
-        if pending is not None and path is not None:
-            began = time.perf_counter()
-            pending.wait_for(path)          # a failed build is compiled again below, which reports it
-            STATS["wait_s"] += time.perf_counter() - began
-        cubin = _read(path)
+            _LAUNCHED.setdefault(f"{module}:{name} {symbol}")
+        cubin = await_cubin(path) if path is not None else None     # a failed build: compiled here, reported
         if cubin is not None:
             STATS["loaded"] += 1
             return cubin, symbol, None, ()
         began = time.perf_counter()
-        cubin, symbol, extra, providers = super()._compile(signature, context, compute_capability)
+        try:
+            cubin, symbol, extra, providers = super()._compile(signature, context, compute_capability)
+            if path is not None and not providers:
+                _store(path, cubin)
+        finally:
+            if path is not None:
+                release(path)
         STATS["built"] += 1
         STATS["build_s"] += time.perf_counter() - began
         _BUILT.append(f"{module}:{name} {symbol}")
-        if path is not None and not providers:
-            _store(path, cubin)
         return cubin, symbol, extra, providers
 
     def replace_hints(self, **hints) -> "kernel":
@@ -156,9 +227,10 @@ class kernel(ct.kernel):
 
 
 def launched() -> list[str]:
-    """Every specialization this process has loaded, as manifest lines ("module:name symbol")."""
+    """Every specialization this process has loaded, as manifest lines ("module:name symbol"), in
+    the order of their first launch."""
     with _LOCK:
-        return sorted(_LAUNCHED)
+        return list(_LAUNCHED)
 
 
 def built() -> list[str]:
@@ -194,64 +266,54 @@ def missing(lines: Iterable[str], arch: str) -> list[tuple[str, Path]]:
 
 
 def build(line: str, arch: str) -> None:
-    """Compile one manifest line for `arch` into the cache (a worker's job)."""
+    """Compile one manifest line for `arch` into the cache unless it is there or another process
+    holds its claim (a worker's job)."""
     k, symbol = _resolve(line)
-    _, signature = demangle_kernel_name(symbol)
-    buf = io.BytesIO()
-    export_kernel(k, [signature], buf, gpu_code=arch, output_format="cubin")
-    _store(k.cache_file(symbol, arch), buf.getvalue())
+    path = k.cache_file(symbol, arch)
+    if path is None or path.exists() or not claim(path):
+        return
+    try:
+        _, signature = demangle_kernel_name(symbol)
+        buf = io.BytesIO()
+        export_kernel(k, [signature], buf, gpu_code=arch, output_format="cubin")
+        _store(path, buf.getvalue())
+    finally:
+        release(path)
 
 
 class Prebuild:
-    """The missing cubins of a manifest, compiling in worker processes, one a core (at most
-    `workers`), the lines dealt round robin, slowest first. Each worker is a fresh interpreter
-    running build() on the lines it reads from stdin: never the caller's main module, which
-    multiprocessing's spawn would import again in every worker (a script loading a model at top
-    level would load it once a worker). A launch needing a cubin still under way waits for it."""
+    """The missing cubins of a manifest, compiling in worker processes (at most `workers`, by
+    default one a core but the caller's). Every worker walks the whole list in order and builds
+    what nobody has built or claimed, so the first lines finish first and no worker idles while
+    another has a queue. Each worker is a fresh interpreter running build() on the lines it reads
+    from stdin: never the caller's main module, which multiprocessing's spawn would import again
+    in every worker (a script loading a model at top level would load it once a worker). The
+    workers outlive the caller if it exits first: what they finish, the next run loads."""
 
     def __init__(self, todo: list[tuple[str, Path]], arch: str, workers: int | None = None):
         import subprocess
 
-        self.began = time.perf_counter()
-        self.paths = [path for _, path in todo]
-        workers = max(1, min(workers or os.cpu_count() or 1, len(todo)))
-        # the slowest first (decode attention and the products), so no long build starts last
-        lines = [line for line, _ in sorted(todo, key=lambda t: ("decode" not in t[0], "linear" not in t[0]))]
+        workers = max(1, min(workers or (os.cpu_count() or 2) - 1, len(todo)))
+        lines = "\n".join(line for line, _ in todo).encode()
         self.procs = []
-        for i in range(workers):
+        for _ in range(workers):
             proc = subprocess.Popen([sys.executable, "-c", "from tilekernels.cubins import work; work()", arch],
                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            proc.stdin.write("\n".join(lines[i::workers]).encode())
+            proc.stdin.write(lines)
             proc.stdin.close()
             self.procs.append(proc)
-        with _LOCK:
-            for path in self.paths:
-                _PENDING[path] = self
-
-    def wait_for(self, path: Path) -> None:
-        """Until `path` is built or no worker is left to build it."""
-        while not path.exists() and any(p.poll() is None for p in self.procs):
-            time.sleep(0.005)
+        STATS["prebuilt"] += len(todo)
 
     def join(self) -> None:
         """Wait for every build (a failed one is compiled again, and reported, when launched)."""
         for p in self.procs:
             p.wait()
-        self._done()
 
     def cancel(self) -> None:
-        """Stop the builds (the load they ran beside failed)."""
+        """Stop the builds (the load they ran beside failed); their claims die with them."""
         for p in self.procs:
             p.kill()
             p.wait()
-        self._done()
-
-    def _done(self) -> None:
-        with _LOCK:
-            for path in self.paths:
-                _PENDING.pop(path, None)
-        STATS["prebuilt"] += sum(path.exists() for path in self.paths)
-        STATS["prebuild_s"] += time.perf_counter() - self.began
 
 
 def work() -> None:
@@ -274,20 +336,15 @@ def prebuild(lines: Iterable[str], arch: str | None = None, workers: int | None 
 
 @contextlib.contextmanager
 def built_ahead(manifest: Path | None):
-    """Compile the manifest's missing cubins in worker processes while the block runs (a model
-    loading), and wait for them as it ends, so that no kernel compiles once requests run. No
-    manifest (a CPU load, a model size none was recorded for): nothing to do."""
+    """Start compiling the manifest's missing cubins in worker processes as the block (a model
+    loading) begins; launches after it wait only for their own kernels. A block that fails stops
+    the workers. No manifest (a CPU load, a model size none was recorded for): nothing to do."""
     began = time.perf_counter()
     building = prebuild(read_manifest(manifest)) if manifest is not None and manifest.exists() else None
     STATS["start_s"] += time.perf_counter() - began
-    if building is None:
-        yield
-        return
     try:
         yield
     except BaseException:
-        building.cancel()
+        if building is not None:
+            building.cancel()
         raise
-    began = time.perf_counter()
-    building.join()
-    STATS["wait_s"] += time.perf_counter() - began
