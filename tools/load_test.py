@@ -1,6 +1,6 @@
 """Load test of the OpenAI-compatible servers: concurrent clients on loopback (GPU host).
 
-    python tools/load_test.py [--out DIR] [--concurrency 1,8,32,64] [--kind gpt,asr,live] [--device gpu]
+    python tools/load_test.py [--out DIR] [--concurrency 1,8,32,64] [--kind gpt,asr,live,stream] [--device gpu]
 
 Starts each server (python -m gpt.serve, python -m glm_asr.serve) as a subprocess on a free port
 of 127.0.0.1 over a full-size checkpoint of seeded random weights written to a temporary folder
@@ -14,6 +14,9 @@ that the clients' own Python is not what is measured), each sending requests bac
 - asr: POST /v1/audio/transcriptions, 30 s of speech-like audio (benchlib.synthetic_speechlike)
   as FLAC, max_new_tokens 64 (the server's default, set at start); real-time factor aggregate
   (audio seconds / wall seconds), latency p50/p99;
+- stream: one upload of --stream-minutes (10) of speech with pauses (as live's) as FLAC with
+  `stream=true` (the server's default VAD): seconds from the request's last byte to the first transcript.text.delta
+  and to transcript.text.done (a warm run, then the median of 3);
 - live: C sessions of /v1/realtime (server_vad) at once, each streaming --live-seconds of speech
   with pauses (the tests' espeak fixtures, looped) as pcm16 at 1x real time in 100 ms appends,
   then committing: for each utterance the time from its speech_stopped event (the VAD closing
@@ -36,6 +39,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -321,6 +325,48 @@ def live_round(url: str, c: int, seconds: float) -> dict:
             "holds_1x_p99_1s": bool(p99 <= 1.0 and late <= LATE_S)}
 
 
+def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
+    """One upload of `minutes` of speech with pauses as FLAC, `stream=true`: the time from the
+    request's last byte sent to the first transcript.text.delta event, and to the done event
+    (a warm run first, then the median of `runs`)."""
+    import http.client
+    import urllib.parse
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.frombuffer(speech_stream(60 * minutes), "<i2"), 16000, format="FLAC")
+    body = asr_body(buf.getvalue()).replace(
+        f"--{BOUNDARY}--".encode(), f'--{BOUNDARY}\r\ncontent-disposition: form-data; name="stream"\r\n\r\n'
+                                    f"true\r\n--{BOUNDARY}--".encode())
+    where = urllib.parse.urlsplit(url)
+
+    def once() -> tuple[float, float]:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=600)
+        conn.request("POST", "/v1/audio/transcriptions", body, {"content-type": ROUTES["asr"][1]})
+        sent, first = time.perf_counter(), None     # request() returns once the body is written
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"stream: HTTP {r.status}: {r.read()[:300]!r}")
+        for line in r:
+            if first is None and b'"transcript.text.delta"' in line:
+                first = time.perf_counter() - sent
+            if b'"transcript.text.done"' in line:
+                break
+        done = time.perf_counter() - sent
+        conn.close()
+        if first is None:
+            raise RuntimeError("stream: no delta before done")
+        return first, done
+
+    once()
+    got = sorted(once() for _ in range(runs))
+    return {"kind": "stream", "audio_s": 60 * minutes, "upload_bytes": len(body),
+            "first_delta_after_upload_s": round(statistics.median(g[0] for g in got), 4),
+            "done_after_upload_s": round(statistics.median(g[1] for g in got), 4),
+            "runs": [[round(a, 4), round(b, 4)] for a, b in got]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -329,6 +375,7 @@ def main() -> None:
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints (a smoke run on any host)")
     ap.add_argument("--live-seconds", type=float, default=60.0, help="audio each live session streams")
+    ap.add_argument("--stream-minutes", type=float, default=10.0, help="the streamed upload's length")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
@@ -341,7 +388,7 @@ def main() -> None:
                 module, extra = "gpt.serve", ["served_model_name=gpt2", f"max_batch={max(levels)}", "stop=[]"]
                 rng = np.random.default_rng(0)
                 payload = rng.integers(0, 300 if args.small else 50257, 32 if args.small else 128).tolist()
-            elif kind == "live":
+            elif kind in ("live", "stream"):
                 served_checkpoint("asr", ckpt, args.small)
                 module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64"]
             else:
@@ -355,6 +402,12 @@ def main() -> None:
             proc, url = start(module, [f"model.path={ckpt}", f"device={args.device}", *extra], tmp)
             try:
                 new = 16 if args.small else 128
+                if kind == "stream":
+                    rows.append(stream_round(url, args.stream_minutes))
+                    print(rows[-1], flush=True)
+                    if not args.small:
+                        write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
+                    continue
                 if kind == "live":
                     live_round(url, max(levels), 10.0)      # warm: the VAD's and decoder's shapes
                 for c in levels:
