@@ -132,8 +132,8 @@ class Session:
         elif kind == "input_audio_buffer.clear":
             self.buffer, self.resampler = [], None
             if self.live is not None:
-                self.offset, self.live = self.offset + self.live.n, None
-                await self.stopped(self.offset)
+                live, self.live = self.live, None
+                await self.passed(live.n)
             await self.send({"type": "input_audio_buffer.cleared"})
         else:
             raise SessionError(f"unknown event type {kind!r}", "unknown_event", "type")
@@ -218,7 +218,12 @@ class Session:
             return
         live, self.live = self.live, None
         await self.announce(await asyncio.wrap_future(FEEDER.submit(live, None)))
-        self.offset += live.n
+        await self.passed(live.n)
+
+    async def passed(self, n: int) -> None:
+        """The stream's n samples are behind the session (ended or cleared): a turn still open
+        stops there, and the next stream's times count from there."""
+        self.offset += n
         await self.stopped(self.offset)
 
     async def announce(self, events: list) -> None:

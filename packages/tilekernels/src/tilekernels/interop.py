@@ -91,10 +91,11 @@ def _call(op: Callable, signature: inspect.Signature, args: tuple, kwargs: dict)
     import cupy
 
     bound = signature.bind(*args, **kwargs)
-    first = next(_arrays(bound.arguments.values()), None)
+    first = None
     for name, a in bound.arguments.items():
         for x in _arrays([a]):
             _check_device(name, x)
+            first = x if first is None else first
     given: dict[int, Any] = {}
     if first is None:           # only a torch dtype to translate
         _inward_all(bound, given)
