@@ -115,6 +115,9 @@ def specializations():
         out.append((f"splitk-{bias}-{code}-res{res}", linear.splitk_reduce_kernel,
                     [arr(3), arr(1), arr(2), arr(2), tiling.REDUCE_TILE, bias, code, res]))
     out.append(("softmax", softmax.softmax_kernel, [arr(2), arr(2), softmax.MAX_TILE]))
+    out.append(("softmax-stats", softmax.softmax_stats_kernel, [arr(2), arr(2), arr(2), 2, softmax.SPLIT_TILE]))
+    out.append(("softmax-split", softmax.softmax_split_kernel,
+                [arr(2), arr(2), arr(2), arr(2), 2, softmax.SPLIT_TILE, 32]))
     for code in (act.RELU, act.SIGMOID):      # Silero VAD's convs and head (3xTF32)
         out.append((f"linear-{code}-highest", linear.linear_kernel,
                     [arr(2), arr(2), arr(2), arr(1), arr(2), arr(2), I32, *tiling.LARGE_M, True, code, False, False,
@@ -284,3 +287,17 @@ def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
         assert block_k("glm o", m, itemsize=4) == 64
     for m in (17, 32, 64, 128):
         assert block_k("glm o", m) == block_k("glm down", m) == 256
+
+
+@pytest.mark.parametrize("rows,n", [(1, 4097), (8, 50257), (4, 59264), (64, 8191), (66, 50257), (7, 769)])
+def test_softmax_splits_cover_every_chunk_once(rows, n):
+    """Few long rows are cut into splits of at least two chunks covering the row exactly; rows
+    filling half the SMs, or short ones, stay a block each."""
+    from tilekernels.softmax import SPLIT_TILE, softmax_splits
+
+    per, splits = softmax_splits(rows, n, 132)
+    chunks = -(-n // SPLIT_TILE)
+    if 2 * rows >= 132 or chunks < 4:
+        assert splits == 1
+    else:
+        assert per >= 2 and (splits - 1) * per < chunks <= splits * per and rows * splits <= 4 * 132

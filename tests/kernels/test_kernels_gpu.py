@@ -597,8 +597,10 @@ def test_linear_relu_and_sigmoid(poisoned, rng, highest, m, n):
     assert rel_err(tk.linear(gx, gw, gb, activation="sigmoid"), 1 / (1 + np.exp(-pre))) <= FP32
 
 
-@pytest.mark.parametrize("rows,n", [(1, 1), (7, 769), (2, 50257), (4, 59264)])
+@pytest.mark.parametrize("rows,n", [(1, 1), (7, 769), (2, 50257), (4, 59264), (8, 50257), (1, 4097), (64, 8191),
+                                    (200, 3000)])
 def test_softmax(poisoned, rng, rows, n):
+    """Rows a block each, and few long rows cut into splits (softmax_splits), short last split too."""
     x, gx = pair(rng, rows, n, scale=5.0)
     assert rel_err(tk.softmax(gx), tk.softmax(x)) <= FP32
 
