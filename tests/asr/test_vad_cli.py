@@ -10,7 +10,8 @@ import soundfile as sf
 from asr_cli import cli
 
 from glm_asr.reading import speech_windows
-from glm_asr.vad import STREAM_CHUNK, VadOptions, segment_audio, segments_from_probs, speech_probs, stream_probs
+from glm_asr.vad import STREAM_CHUNK, VadOptions, segments_from_probs, speech_probs, stream_probs
+from glm_asr.vad.segments import mean_speech
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PLACED = json.loads((FIXTURES / "fixtures.json").read_text())["files"]
@@ -52,7 +53,7 @@ def test_speech_across_the_30s_mark_is_one_segment_in_file_time(tiny, tmp_path):
 def test_streamed_probabilities_are_the_whole_files(monkeypatch):
     """stream_probs over blocks (chunks of whole VAD blocks, each with the block before it) gives
     the whole file's probabilities (to the rounding of other products' shapes) and segments;
-    segment_audio cuts exactly each segment's padded audio."""
+    speech_windows, one pass a chunk at a time, gives each segment with exactly its padded audio."""
     import glm_asr.vad as vad
 
     monkeypatch.setattr(vad.workers, "STREAM_CHUNK", 2 * vad.workers.BLOCK)      # 16 s chunks: several seams
@@ -65,8 +66,11 @@ def test_streamed_probabilities_are_the_whole_files(monkeypatch):
     np.testing.assert_allclose(streamed, whole, atol=1e-5)
     segs = segments_from_probs(streamed, n)
     assert len(segs) >= 4 and segs == segments_from_probs(whole, len(x))
-    for seg, audio in segment_audio(blocks, segs):
-        np.testing.assert_array_equal(audio, x[seg.audio_start: seg.audio_end])
+    windows = list(speech_windows(x, VadOptions(), xp=None))
+    assert [(w.start_s, w.end_s) for w in windows] == [(s.start_s, s.end_s) for s in segs]
+    for w, seg in zip(windows, segs):
+        np.testing.assert_array_equal(w.features, x[seg.audio_start: seg.audio_end])
+        assert abs(w.speech - mean_speech(whole, seg)) < 1e-4
     assert STREAM_CHUNK % vad.workers.BLOCK == 0 and vad.workers.BLOCK % 512 == 0
 
 

@@ -20,8 +20,7 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, Audio
 from .features import Window, audio_tokens, log_mel, stream_windows, valid_frames
-from .vad import VadOptions, pooled_probs, segment_audio, segments_from_probs, stream_probs
-from .vad.segments import mean_speech
+from .vad import LiveVad, Speech, VadOptions, chunk_probs, pooled_probs
 
 READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
                            # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
@@ -131,18 +130,22 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
                    probs: Callable = pooled_probs) -> Iterator[Window]:
     """A window for each segment of speech Silero VAD finds: its padded audio as the features
     (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
-    file's time). Two passes over a file (the probabilities, then the segments' audio), each
-    holding a block at a time; probs(samples) computes the probabilities of a block. Each window
-    carries its speech's mean probability (a segment's no_speech_prob is 1 minus it)."""
-    if isinstance(audio, np.ndarray):
-        first, again, offset = [audio], (lambda: [audio]), 0.0
-    else:
-        first, again, offset = audio, audio.reopen, audio.offset_s
-    p, n = stream_probs(first, probs)
-    for seg, x in segment_audio(again(), segments_from_probs(p, n, options)):
-        w = speech_window(x, offset + seg.start_s, offset + seg.end_s, mean_speech(p, seg), n_mels, xp)
-        if w is not None:
-            yield w
+    file's time). One pass over a file, a chunk at a time (vad.chunk_probs; probs(samples)
+    computes a chunk's probabilities): a segment goes out as soon as no later audio can change it
+    (vad.LiveVad, whose segments are the whole file's), so a long file's first windows reach the
+    encoder while its VAD goes on. Memory: a chunk, and the audio of the speech not yet final
+    (a group of speech with no pause of min_silence_duration_ms is held whole, as its cuts depend
+    on all of it). Each window carries its speech's mean probability (a segment's no_speech_prob
+    is 1 minus it)."""
+    blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
+    vad = LiveVad(options)
+    for chunk, p, last in chunk_probs(blocks, probs):
+        for e in vad.settle(chunk, p, last):
+            if isinstance(e, Speech):
+                s = e.segment
+                w = speech_window(e.audio, offset + s.start_s, offset + s.end_s, e.speech, n_mels, xp)
+                if w is not None:
+                    yield w
 
 
 def speech_window(x: np.ndarray, start_s: float, end_s: float, speech: float | None, n_mels: int = 128,

@@ -61,6 +61,18 @@ class LiveVad:
         """The stream's end: its last frame zero padded, every segment left final."""
         return feed_all([(self, None)])[0]
 
+    def settle(self, samples: np.ndarray, probs: np.ndarray, last: bool = False) -> list:
+        """feed() with the probabilities computed elsewhere (a file's, vad.chunk_probs on the
+        GPU): samples and the probabilities of the frames they complete; last: the stream ends
+        with them (probs then include its last, zero-padded frame)."""
+        frames = self._take(samples)
+        if last:
+            frames = self._take(None)
+        if len(probs) != frames - self.frames:
+            raise ValueError(f"{len(probs)} probabilities for {frames - self.frames} new frames")
+        self.probs = np.concatenate([self.probs, np.asarray(probs, np.float32)])
+        return self._events()
+
     # ------------------------------------------------------------------ probabilities
     def _take(self, samples: np.ndarray | None) -> int:
         """Keep the samples (None: the stream ends); the frames whose probabilities it can have."""

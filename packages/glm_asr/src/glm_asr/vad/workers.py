@@ -1,6 +1,6 @@
 """The CPU's VAD in worker processes (pooled_probs: Silero's LSTM steps in Python, which wait on the
 GIL in a busy pipeline's process), long inputs streamed through it a chunk at a time
-(stream_probs), and each segment's audio cut from arriving blocks (segment_audio)."""
+(chunk_probs, stream_probs)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from .model import _cpus, block_frames, speech_probs
-from .segments import FRAME, Segment
+from .segments import FRAME
 
 _LOCK = threading.Lock()
 BLOCK = block_frames()[0] * FRAME     # a VAD block's samples (vad.model.BLOCK_S)
@@ -79,48 +79,33 @@ def pooled_probs(samples: np.ndarray) -> np.ndarray:
     return speech_probs(samples)
 
 
-def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> tuple[np.ndarray, int]:
-    """(speech_probs, sample count) of samples arriving in blocks, STREAM_CHUNK at a time (each
-    through probs(samples)): memory bounded by a chunk, not by the file. Each chunk after the
+def chunk_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> Iterator[tuple]:
+    """(samples, their speech_probs, last) of samples arriving in blocks, STREAM_CHUNK at a time
+    (each through probs(samples)): memory bounded by a chunk, not by the file. Each chunk after the
     first goes with the VAD block before it, whose probabilities are dropped: the chunk's first
     block then warms up on the samples the whole file's would, and every probability is the
-    whole file's (the blocks are anchored at multiples of BLOCK)."""
+    whole file's (the blocks are anchored at multiples of BLOCK). The last chunk's probabilities
+    include its last, zero-padded frame; an empty input gives one empty last chunk."""
     warm = BLOCK
-    out, buf, tail, n = [], np.zeros(0, np.float32), np.zeros(0, np.float32), 0
+    buf, tail = np.zeros(0, np.float32), np.zeros(0, np.float32)
 
     def run(chunk):
         p = probs(np.concatenate([tail, chunk]) if len(tail) else chunk)
         return p[len(tail) // FRAME:]
 
     for block in blocks:
-        n += len(block)
         buf = np.concatenate([buf, block]) if len(buf) else block
-        while len(buf) >= STREAM_CHUNK:
+        while len(buf) > STREAM_CHUNK:      # what ends the input goes out as the last chunk
             chunk, buf = buf[:STREAM_CHUNK], buf[STREAM_CHUNK:]
-            out.append(run(chunk))
+            yield chunk, run(chunk), False
             tail = chunk[-warm:]
-    if len(buf):
-        out.append(run(buf))
-    return (np.concatenate(out) if out else np.zeros(0, np.float32)), n
+    yield buf, (run(buf) if len(buf) else np.zeros(0, np.float32)), True
 
 
-def segment_audio(blocks: Iterable[np.ndarray], segments: list[Segment]) -> Iterator[tuple[Segment, np.ndarray]]:
-    """(segment, its padded audio) for each segment (in time order) from samples arriving in
-    blocks; only the audio of the segment being cut is held."""
-    segments, pos, buf = list(segments), 0, []
-    i = 0
-    for block in blocks:
-        end = pos + len(block)
-        while i < len(segments):
-            seg = segments[i]
-            a, b = max(seg.audio_start, pos), min(seg.audio_end, end)
-            if b > a:
-                buf.append(block[a - pos: b - pos])
-            if seg.audio_end > end:
-                break
-            yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
-            buf, i = [], i + 1
-        pos = end
-    for seg in segments[i:]:                # a file shorter than its header said
-        yield seg, (np.concatenate(buf) if buf else np.zeros(0, np.float32))
-        buf = []
+def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> tuple[np.ndarray, int]:
+    """(speech_probs, sample count) of samples arriving in blocks (chunk_probs' chunks, joined)."""
+    out, n = [], 0
+    for chunk, p, _ in chunk_probs(blocks, probs):
+        out.append(p)
+        n += len(chunk)
+    return np.concatenate(out), n

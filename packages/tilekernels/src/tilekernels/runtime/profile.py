@@ -64,6 +64,6 @@ def report(file=None) -> None:
     for name, v in s["stages"].items():
         print(f"  {name:<28} {v['seconds']:8.2f} s  ({v['count']}x)", file=file)
     print(f"  kernels: {k['built']} compiled here ({k['build_s']:.2f} s), {k['loaded']} from the cache, "
-          f"{k['prebuilt']} missing at start and left to workers ({k['wait_s']:.2f} s waited for builds; "
+          f"{k['prebuilt']} missing when loading began, left to workers ({k['wait_s']:.2f} s waited for builds; "
           f"{k['start_s']:.2f} s checking the cache and starting them)",
           file=file)
