@@ -74,6 +74,40 @@ def test_streamed_probabilities_are_the_whole_files(monkeypatch):
     assert STREAM_CHUNK % vad.workers.BLOCK == 0 and vad.workers.BLOCK % 512 == 0
 
 
+def test_a_files_windows_come_from_a_second_pass_as_in_memory(monkeypatch, tmp_path):
+    """From a file (chunks of its VAD, its segments cut from a second pass that trails the first)
+    the windows are those of the same samples in memory; with long silences between its speech,
+    the first window goes out before the VAD has read the whole file."""
+    import glm_asr.vad as vad
+    from glm_asr.audio import Audio
+    from glm_asr.reading import Cutter
+
+    monkeypatch.setattr(vad.workers, "STREAM_CHUNK", 2 * vad.workers.BLOCK)
+    parts = [sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac", "pause05.flac")]
+    gap = np.zeros(20 * 16000, np.float32)
+    x = np.concatenate([parts[0], gap, parts[1], gap, parts[2], gap])
+    sf.write(tmp_path / "long.flac", x, 16000)
+    calls = []
+
+    def probs(samples):
+        calls.append(len(samples))
+        return speech_probs(samples)
+
+    with Audio(str(tmp_path / "long.flac")) as audio:
+        windows = speech_windows(audio, VadOptions(), xp=None, probs=probs)
+        first = next(windows)
+        assert sum(calls) < len(x) * 0.8        # the rest of the file's VAD is still to come
+        got = [first, *windows]
+    want = list(speech_windows(sf.read(tmp_path / "long.flac", dtype="float32")[0], VadOptions(), xp=None))
+    assert len(got) == len(want) >= 3
+    for g, w in zip(got, want):
+        assert (g.start_s, g.end_s, g.speech) == (w.start_s, w.end_s, w.speech)
+        np.testing.assert_array_equal(g.features, w.features)
+    cutter = Cutter(np.arange(10.0 * i, 10.0 * i + 10) for i in range(5))
+    assert cutter.cut(3, 5).tolist() == [3, 4] and cutter.cut(8, 23).tolist() == list(range(8, 23))
+    assert cutter.cut(40, 60).tolist() == list(range(40, 50))      # past the end: what there is
+
+
 def test_speech_windows_of_silence_decode_nothing():
     assert list(speech_windows(np.zeros(16000 * 40, np.float32), VadOptions())) == []
 

@@ -23,8 +23,8 @@ from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, mean_speech, segm
 
 @dataclass(frozen=True)
 class Speech:
-    """A final segment (samples in the stream's time), its padded audio and its speech's mean
-    probability."""
+    """A final segment (samples in the stream's time), its padded audio (None where the LiveVad
+    keeps none) and its speech's mean probability."""
     segment: Segment
     audio: np.ndarray
     speech: float | None
@@ -36,8 +36,8 @@ class LiveVad:
     ended if it was too short to keep (min_speech_duration_ms). finish() ends the stream (as a
     file ends: everything left is final). Samples count from the stream's start."""
 
-    def __init__(self, options: VadOptions | None = None):
-        self.o = options or VadOptions()
+    def __init__(self, options: VadOptions | None = None, keep_audio: bool = True):
+        self.o, self.keep_audio = options or VadOptions(), keep_audio     # False: Speech.audio is None
         self.block, self.warm = block_frames()
         self.buf, self.origin, self.n = np.zeros(0, np.float32), 0, 0   # samples kept: from stream sample origin
         self.probs, self.first = np.zeros(0, np.float32), 0            # probabilities from frame `first`
@@ -64,7 +64,8 @@ class LiveVad:
     def settle(self, samples: np.ndarray, probs: np.ndarray, last: bool = False) -> list:
         """feed() with the probabilities computed elsewhere (a file's, vad.chunk_probs on the
         GPU): samples and the probabilities of the frames they complete; last: the stream ends
-        with them (probs then include its last, zero-padded frame)."""
+        with them (probs then include its last, zero-padded frame). Without keep_audio only the
+        probabilities of speech not yet final are held, however long it goes on."""
         frames = self._take(samples)
         if last:
             frames = self._take(None)
@@ -84,7 +85,8 @@ class LiveVad:
             self.ended = True
             return -(-self.n // FRAME)
         x = np.asarray(samples, np.float32).reshape(-1)
-        self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
+        if self.keep_audio:
+            self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
         self.n += len(x)
         return self.n // FRAME
 
@@ -147,7 +149,8 @@ class LiveVad:
             mine = [s for s in segments if a * FRAME <= s.start < e * FRAME]
             for s in mine:
                 seg = Segment(s.start + base, s.end + base, s.audio_start + base, s.audio_end + base)
-                audio = self.buf[seg.audio_start - self.origin: seg.audio_end - self.origin].copy()
+                audio = (self.buf[seg.audio_start - self.origin: seg.audio_end - self.origin].copy()
+                         if self.keep_audio else None)
                 events.append(Speech(seg, audio, mean_speech(self.probs, s)))
                 self.before = seg.end
             if not mine:
