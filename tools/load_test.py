@@ -355,16 +355,15 @@ def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
                 break
         done = time.perf_counter() - sent
         conn.close()
-        if first is None:
-            raise RuntimeError("stream: no delta before done")
         return first, done
 
     once()
-    got = sorted(once() for _ in range(runs))
+    got = [once() for _ in range(runs)]
+    firsts = [g[0] for g in got if g[0] is not None]     # random weights may decode to no text at all
     return {"kind": "stream", "audio_s": 60 * minutes, "upload_bytes": len(body),
-            "first_delta_after_upload_s": round(statistics.median(g[0] for g in got), 4),
+            "first_delta_after_upload_s": round(statistics.median(firsts), 4) if firsts else None,
             "done_after_upload_s": round(statistics.median(g[1] for g in got), 4),
-            "runs": [[round(a, 4), round(b, 4)] for a, b in got]}
+            "runs": [[None if a is None else round(a, 4), round(b, 4)] for a, b in got]}
 
 
 def main() -> None:
