@@ -103,6 +103,8 @@ def test_a_files_windows_come_from_a_second_pass_as_in_memory(monkeypatch, tmp_p
     for g, w in zip(got, want):
         assert (g.start_s, g.end_s, g.speech) == (w.start_s, w.end_s, w.speech)
         np.testing.assert_array_equal(g.features, w.features)
+    with pytest.raises(ValueError, match="keeps no audio"):
+        vad.LiveVad(keep_audio=False).feed(x[:16000])
     cutter = Cutter(np.arange(10.0 * i, 10.0 * i + 10) for i in range(5))
     assert cutter.cut(3, 5).tolist() == [3, 4] and cutter.cut(8, 23).tolist() == list(range(8, 23))
     assert cutter.cut(40, 60).tolist() == list(range(40, 50))      # past the end: what there is

@@ -195,6 +195,8 @@ def feed_all(streams: list[tuple[LiveVad, np.ndarray | None]]) -> list[list]:
     """LiveVad.feed (samples) or finish (None) for many streams at once, each stream's events:
     the encoder of every stream's new frames in one chain of products (nearly all of the work),
     then each stream's LSTM steps."""
+    if not all(v.keep_audio for v, _ in streams):     # its probabilities would come from zeros
+        raise ValueError("a LiveVad that keeps no audio takes probabilities (settle), not samples to feed")
     plans = [(v, v._pieces(v._take(x))) for v, x in streams]
     chunks = [v._frames(nxt, end) for v, pieces in plans for _, nxt, end in pieces]
     if chunks:
