@@ -9,7 +9,9 @@ numpy (views of the mapped file) or straight onto the GPU (load_tensors(device='
 """
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..weights import BF16
 from ..weights import widen as widen_bf16
+from .device import device_stream
 from .profile import stage
 
 
@@ -108,52 +111,134 @@ def load_tensors(directory: Path, strip_prefixes: tuple[str, ...] = (), widen: b
     (cupy; a bfloat16 tensor moves half the bytes of its float32 form, widened there), so that
     what a model makes of its weights (concatenation, transposes, folded norms) runs on the GPU."""
     with stage("checkpoint read"):
-        tensors = _load_tensors(directory, strip_prefixes)
+        files = [(path, *_tensor_table(path, strip_prefixes)) for path in safetensors_files(directory)]
     if device == "gpu":
-        import cupy
-
         with stage("checkpoint to the device"):
-            tensors = {k: cupy.asarray(v.view(np.uint16)).view(BF16) if v.dtype == BF16 else cupy.asarray(v)
-                       for k, v in tensors.items()}
+            tensors = {k: v for path, start, table in files for k, v in _upload(path, start, table).items()}
+    else:
+        tensors = {k: v for path, start, table in files for k, v in _views(path, start, table).items()}
     return {k: widen_bf16(v) for k, v in tensors.items()} if widen else tensors
 
 
-def _load_tensors(directory: Path, strip_prefixes: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _tensor_table(path: Path, strip_prefixes: tuple[str, ...]) -> tuple[int, list[tuple]]:
+    """(where the data begins, [(key, dtype, shape, begin, end) of each tensor, offsets from that
+    start]) of one safetensors file, checked (safetensors itself checks the header's layout)."""
     from safetensors import SafetensorError, safe_open
 
-    out: dict[str, np.ndarray] = {}
-    for path in safetensors_files(directory):
-        size = path.stat().st_size
-        header, data_start = _read_header(path, size)
-        raw = None
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                for name, meta in header.items():
-                    dtype = meta.get("dtype")
-                    if dtype not in _WIDTH:
-                        raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {dtype}")
-                    begin, end = meta["data_offsets"]
-                    if data_start + end > size:
-                        raise CheckpointError(f"{path}: truncated (tensor {name} runs past the end)")
-                    if dtype == "F16":
-                        tensor = f.get_tensor(name).astype(np.float32)
-                    else:
-                        if raw is None:
-                            raw = np.memmap(path, dtype=np.uint8, mode="r")
-                        bits = raw[data_start + begin: data_start + end]
-                        if (data_start + begin) % _WIDTH[dtype]:      # unaligned: a copy
-                            bits = bits.copy()
-                        tensor = bits.view("<u2").view(BF16) if dtype == "BF16" else bits.view("<f4")
-                        tensor = tensor.reshape(meta["shape"])
-                    key = name
-                    for p in strip_prefixes:
-                        if key.startswith(p):
-                            key = key[len(p):]
-                            break
-                    out[key] = tensor
-        except (SafetensorError, ValueError) as e:
-            raise CheckpointError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    size = path.stat().st_size
+    header, data_start = _read_header(path, size)
+    try:
+        with safe_open(str(path), framework="numpy"):
+            pass
+    except (SafetensorError, ValueError) as e:
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors ({e})") from None
+    table = []
+    for name, meta in header.items():
+        dtype = meta.get("dtype")
+        if dtype not in _WIDTH:
+            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+        begin, end = meta["data_offsets"]
+        if data_start + end > size:
+            raise CheckpointError(f"{path}: truncated (tensor {name} runs past the end)")
+        key = next((name[len(p):] for p in strip_prefixes if name.startswith(p)), name)
+        table.append((key, dtype, tuple(meta["shape"]), begin, end))
+    return data_start, table
+
+
+_STORED = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+def _views(path: Path, data_start: int, table: list[tuple]) -> dict[str, np.ndarray]:
+    """A checked file's tensors as views of it mapped into memory (float16 widened, and an
+    unaligned tensor copied)."""
+    raw = np.memmap(path, dtype=np.uint8, mode="r") if table else None
+    out = {}
+    for key, dtype, shape, begin, end in table:
+        bits = raw[data_start + begin: data_start + end]
+        if (data_start + begin) % _WIDTH[dtype]:        # unaligned: a copy
+            bits = bits.copy()
+        tensor = bits.view(_STORED[dtype]).reshape(shape)
+        out[key] = tensor.view(BF16) if dtype == "BF16" else tensor.astype(np.float32) if dtype == "F16" else tensor
     return out
+
+
+CHUNK = 16 << 20        # bytes of the file a read-ahead buffer holds
+BUFFERS = 4             # chunks read ahead (a thread each) while earlier ones are copied
+
+
+def read_ahead(path: Path, begin: int, end: int, buffers: list, before_refill=None):
+    """path's bytes [begin, end) as (offset, memoryview) chunks the size of buffers[0], read into
+    the ring `buffers` by one thread each ahead of the caller: chunk i + len(buffers) goes into
+    chunk i's buffer once the caller has asked for the chunk after i and before_refill(i) has
+    returned (a GPU caller waits there for the copies out of it). Reads go through the page
+    cache, not a mapping of the file: no page faults, and several at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    size, n = len(buffers[0]), len(buffers)
+    count = -(-(end - begin) // size)
+    fd = os.open(path, os.O_RDONLY)
+
+    def read(i: int) -> memoryview:
+        view = memoryview(buffers[i % n])[: min(size, end - begin - i * size)]
+        got = 0
+        while got < len(view):
+            k = os.preadv(fd, [view[got:]], begin + i * size + got)
+            if k == 0:
+                raise CheckpointError(f"{path}: truncated")
+            got += k
+        return view
+
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            pending = [pool.submit(read, i) for i in range(min(n, count))]
+            for i in range(count):
+                view = pending[i].result()
+                yield begin + i * size, view
+                if i + n < count:
+                    if before_refill is not None:
+                        before_refill(i)
+                    pending.append(pool.submit(read, i + n))
+    finally:
+        os.close(fd)
+
+
+def _upload(path: Path, data_start: int, table: list[tuple]) -> dict:
+    """A checked file's tensors on the GPU as stored (bfloat16 as bfloat16, float16 widened there):
+    each gets its own allocation, filled by asynchronous copies out of pinned chunks of the file
+    read ahead (read_ahead), so reading, copying and the transfer overlap."""
+    import cupy
+    import cupyx
+
+    out, spans = {}, []
+    for key, dtype, shape, begin, end in table:
+        a = cupy.empty(shape, dtype=_STORED[dtype])
+        out[key] = a
+        if end > begin:
+            spans.append((data_start + begin, data_start + end, a))
+    if spans:
+        spans.sort(key=lambda s: s[0])
+        stream = device_stream(cupy)        # after what the current stream holds (a freed block's last use)
+        events: list = [None] * BUFFERS
+        j = 0
+        chunks = read_ahead(path, spans[0][0], max(s[1] for s in spans),
+                            [cupyx.empty_pinned((CHUNK,), np.uint8) for _ in range(BUFFERS)],
+                            lambda i: events[i % BUFFERS].synchronize())
+        try:
+            for i, (lo, view) in enumerate(chunks):
+                hi, src = lo + len(view), np.frombuffer(view, np.uint8).ctypes.data
+                while spans[j][1] <= lo:        # the spans before this chunk are copied
+                    j += 1
+                for b, e, a in itertools.islice(spans, j, None):
+                    if b >= hi:
+                        break
+                    s, t = max(b, lo), min(e, hi)
+                    cupy.cuda.runtime.memcpyAsync(a.data.ptr + s - b, src + s - lo, t - s,
+                                                  cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+                events[i % BUFFERS] = stream.record()
+        finally:
+            stream.synchronize()        # no copy still reads a pinned buffer once it is freed
+    return {k: a.view(BF16) if a.dtype == np.uint16 else a.astype(np.float32) if a.dtype == np.float16 else a
+            for k, a in out.items()}
 
 
 def take(tensors: dict[str, np.ndarray], key: str, shape: tuple[int, ...]) -> np.ndarray:
