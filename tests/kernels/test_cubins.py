@@ -200,3 +200,32 @@ def test_a_stale_line_is_skipped_and_an_unwritable_cache_still_compiles(tmp_path
     monkeypatch.setenv("TILEKERNELS_CACHE_DIR", str(blocked / "cache"))      # under a file: unwritable
     cubin, *_ = softmax.softmax_kernel._compile(SOFTMAX, default_tile_context, (9, 0))
     assert len(cubin) > 1000 and not (blocked / "cache").exists()
+
+
+def test_the_prebuild_command_builds_a_list_once_without_a_gpu(cache, tmp_path):
+    """python -m tilekernels.prebuild LIST --arch sm_90 compiles what is missing (no GPU needed),
+    and a second run finds it cached; a bad target, --arch or missing GPU is one line, exit 2."""
+    import subprocess
+    import sys
+
+    from tilekernels import prebuild
+
+    manifest = tmp_path / "kernels.txt"
+    manifest.write_text(f"{SOFTMAX_LINE}\n{ACT_LINE}\n")
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "tilekernels.prebuild", *args], capture_output=True, text=True,
+                              timeout=600)
+    done = run(str(manifest), "--arch", "sm_90", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("2 kernels built for sm_90") and "0 were cached" in done.stdout
+    assert cubins.missing([SOFTMAX_LINE, ACT_LINE], "sm_90") == []
+    again = run(str(manifest), "--arch", "sm_90")
+    assert again.returncode == 0 and again.stdout.startswith("0 kernels built") and "2 were cached" in again.stdout
+    for args, says in (([str(tmp_path / "none.txt"), "--arch", "sm_90"], "neither a kernel list"),
+                       (["json", "--arch", "sm_90"], "ships no kernel list"),
+                       ([str(manifest), "--arch", "90"], "expected sm_XY")):
+        bad = run(*args)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
+    assert prebuild.manifests("gpt") == sorted((Path(__file__).resolve().parents[2] / "packages" / "gpt" / "src" /
+                                                "gpt" / "kernels").glob("*.txt"))
