@@ -9,10 +9,13 @@ packages/*/src/*/kernels/), each model in a process of its own running what it l
 
 Cases (figure key in brackets; every row carries the run's stages, runtime.profile):
 - transcribe_first_run / transcribe_again [wall_s]: `python -m glm_asr.transcribe clip30.flac`
-  (vad silero) with every compile cache emptied first (cuTile's and tilekernels') / again. Each
+  (vad silero) with every compile cache emptied first (cuTile's, CuPy's and tilekernels') / again. Each
   case starts once no kernel build worker runs on the host; a command's row says how long the
   workers it started went on after it exited (builds_after_exit_s: the rest of its manifest).
 - generate_first_run / generate_again [wall_s]: `python -m gpt.generate` on gpt2, 128 tokens.
+- prebuild [wall_s]: `python -m tilekernels.prebuild glm_asr gpt` (the install step that builds
+  both models' kernels) with every compile cache emptied first; transcribe_after_prebuild /
+  generate_after_prebuild [wall_s]: the commands' first runs after it (a case after prebuild).
 - long_file_60min, long_file_60min_vad, long_file_60min_m4a [realtime_factor]: one 60-minute file
   after load, 64 tokens a window, eos ignored; the first pass after load and the best of two more.
 - gpt2_batch1 [tokens_per_s]: gpt.load(...).generate, greedy, 128 tokens, bf16 (median of 5).
@@ -36,11 +39,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import ROOT, gpu_name, served_checkpoint, versions, write_result  # noqa: E402
 
-CASES = ["transcribe_first_run", "transcribe_again", "generate_first_run", "generate_again", "long_file_60min",
-         "long_file_60min_vad", "long_file_60min_m4a", "gpt2_batch1", "clip_30s", "compiles_after_startup"]
+CASES = ["transcribe_first_run", "transcribe_again", "generate_first_run", "generate_again", "prebuild",
+         "transcribe_after_prebuild", "generate_after_prebuild", "long_file_60min", "long_file_60min_vad",
+         "long_file_60min_m4a", "gpt2_batch1", "clip_30s", "compiles_after_startup"]
+LONG = ("long_file_60min", "compiles_after_startup")        # the cases (or --record) that need the long files
 
 
-def make_inputs(work: Path) -> None:
+def make_inputs(work: Path, long: bool = True) -> None:
     import numpy as np
     import soundfile as sf
 
@@ -54,23 +59,24 @@ def make_inputs(work: Path) -> None:
             (work / kind).mkdir(parents=True, exist_ok=True)
             served_checkpoint(kind, work / kind)
     minute = speech_dense(60.0)
-    for name, seconds in (("clip1", 1), ("clip30", 30), ("min60", 3600), ("min75", 4500)):
+    for name, seconds in (("clip1", 1), ("clip30", 30), ("min60", 3600), ("min75", 4500))[:None if long else 2]:
         if not (work / f"{name}.flac").exists():
             x = minute[:16000 * seconds] if seconds <= 60 else np.tile(minute, seconds // 60)
             sf.write(work / f"{name}.flac", x, 16000)
     try:
-        if not (work / "min60.m4a").exists():
+        if long and not (work / "min60.m4a").exists():
             encode(work / "min60.m4a", [("aac", np.tile(minute, 60))])
     except ImportError:
         print("no PyAV here: the m4a case is skipped", file=sys.stderr)
 
 
 def clear_caches() -> None:
-    """Every compile cache this user has: tilekernels' cubins and cuTile's own."""
+    """Every compile cache this user has: tilekernels' cubins, cuTile's and CuPy's own."""
     from tilekernels.cubins import cache_dir
 
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    for d in (cache_dir(), home / "cutile-python"):
+    cupy_cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+    for d in (cache_dir(), home / "cutile-python", cupy_cache):
         if d is not None:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -105,13 +111,19 @@ def background_builds(timeout: float = 600.0) -> float:
 
 def cli(args: list[str], work: Path) -> dict:
     background_builds()
+    wall, p = command([sys.executable, "-m", *args, "profile=true"], work)
+    # the workers build the rest of the model's kernels on after the command has exited
+    return {"wall_s": wall, **parse_profile(p.stderr), "builds_after_exit_s": background_builds()}
+
+
+def command(args: list[str], work: Path) -> tuple[float, subprocess.CompletedProcess]:
+    """Run a command in `work`; its wall seconds and what it printed."""
     began = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", *args, "profile=true"], cwd=work, capture_output=True, text=True)
+    p = subprocess.run(args, cwd=work, capture_output=True, text=True)
     wall = time.perf_counter() - began
     if p.returncode:
-        raise RuntimeError(f"{args[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    # the workers build the rest of the model's kernels on after the command has exited
-    return {"wall_s": round(wall, 3), **parse_profile(p.stderr), "builds_after_exit_s": background_builds()}
+        raise RuntimeError(f"{' '.join(args[1:3])} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return round(wall, 3), p
 
 
 def in_process(case: str, work: Path, **kw) -> dict:
@@ -249,7 +261,8 @@ def main() -> None:
         return
     work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    make_inputs(work)
+    cases = args.cases.split(",")
+    make_inputs(work, args.record or any(c.startswith(LONG) for c in cases))
     print(f"inputs ready in {time.perf_counter() - began:.0f} s", file=sys.stderr)
     if args.record:
         for model in ("gpt", "asr"):
@@ -259,11 +272,16 @@ def main() -> None:
     long = {"long_file_60min": ("min60.flac", "none"), "long_file_60min_vad": ("min60.flac", "silero"),
             "long_file_60min_m4a": ("min60.m4a", "none")}
     rows = []
-    for case in args.cases.split(","):
-        if case.endswith("_first_run"):
+    for case in cases:
+        if case.endswith("_first_run") or case == "prebuild":
             background_builds()
             clear_caches()
-        if case.startswith("transcribe_"):
+        if case.endswith("_after_prebuild") and "prebuild" not in [r["case"] for r in rows]:
+            raise SystemExit(f"{case}: run the prebuild case before it")
+        if case == "prebuild":
+            wall, p = command([sys.executable, "-m", "tilekernels.prebuild", "glm_asr", "gpt"], work)
+            row = {"wall_s": wall, "printed": p.stdout.strip()}
+        elif case.startswith("transcribe_"):
             row = cli(asr_cli, work)
         elif case.startswith("generate_"):
             row = cli(gpt_cli, work)
