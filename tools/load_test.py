@@ -18,9 +18,12 @@ that the clients' own Python is not what is measured), each sending requests bac
   `stream=true` (the server's default VAD): seconds from the request's last byte to the first transcript.text.delta
   and to transcript.text.done (a warm run, then the median of 3);
 - live: C sessions of /v1/realtime (server_vad) at once, each streaming --live-seconds of speech
-  with pauses (the tests' espeak fixtures, looped) as pcm16 at 1x real time in 100 ms appends,
+  with pauses (the tests' espeak fixtures, looped, from a random point of the loop: turns end at
+  independent times) as pcm16 at 1x real time in 100 ms appends,
   then committing: for each utterance the time from its speech_stopped event (the VAD closing
-  the turn) to its transcript's completed event, p50/p99, and how late any append was sent
+  the turn) to its transcript's completed event, p50/p99, each utterance decoding
+  --live-tokens (16) tokens: random weights never end a transcript, and the fixtures'
+  sentences are at most 9 words (10 GPT-2 tokens) and the end token, and how late any append was sent
   (a session fallen behind real time shows there); holds_1x_p99_1s says whether that level held
   real time with p99 <= 1 s (what a GPU holds live: the largest such level). One warm
   round, then one measured a level.
@@ -248,9 +251,15 @@ def speech_stream(seconds: float) -> bytes:
 
 async def live_session(http, url: str, pcm: bytes) -> tuple[list[float], float]:
     """One session: (each utterance's seconds from speech_stopped to completed, the latest an
-    append went out past its real-time schedule)."""
+    append went out past its real-time schedule). Each session starts at its own random point of
+    the stream (rotated), so that turns end at independent times, as different speakers' do,
+    rather than all in the same 100 ms."""
     import asyncio
     import base64
+    import random
+
+    cut = random.randrange(len(pcm) // (2 * PIECE)) * 2 * PIECE
+    pcm = pcm[cut:] + pcm[:cut]
 
     ws = await http.ws_connect(url.replace("http", "ws") + "/v1/realtime", max_msg_size=0)
     await ws.receive_json()
@@ -269,7 +278,8 @@ async def live_session(http, url: str, pcm: bytes) -> tuple[list[float], float]:
                 committed.add(e["item_id"])
             elif e["type"] == "conversation.item.input_audio_transcription.completed":
                 finished.add(e["item_id"])
-                waits.append(now - stopped[e["item_id"]])
+                if e["item_id"] in stopped:     # not the last commit's, which may cut an utterance
+                    waits.append(now - stopped[e["item_id"]])
             elif e["type"] == "input_audio_buffer.cleared":
                 ended = True
             elif e["type"] == "error":
@@ -309,8 +319,9 @@ def live_clients(url: str, pcm: bytes, c: int, start, results) -> None:
         results.put(e)
 
 
-def live_round(url: str, c: int, seconds: float) -> dict:
-    """c live sessions at once, over up to CLIENT_PROCESSES processes."""
+def live_round(url: str, c: int, seconds: float, tokens: int) -> dict:
+    """c live sessions at once, over up to CLIENT_PROCESSES processes (the server decoding `tokens`
+    an utterance)."""
     import multiprocessing
 
     pcm = speech_stream(seconds)
@@ -319,7 +330,8 @@ def live_round(url: str, c: int, seconds: float) -> dict:
     sessions = [s for g in got for s in g]
     waits = [w for s in sessions for w in s[0]]
     p99, late = percentile(waits, 99), max(s[1] for s in sessions)
-    return {"kind": "live", "concurrency": c, "audio_s_each": seconds, "utterances": len(waits),
+    return {"kind": "live", "concurrency": c, "audio_s_each": seconds, "tokens_each": tokens,
+            "starts": "random points of the loop", "utterances": len(waits),
             "completed_after_turn_p50_s": round(percentile(waits, 50), 4),
             "completed_after_turn_p99_s": round(p99, 4), "append_late_max_s": round(late, 4),
             "holds_1x_p99_1s": bool(p99 <= 1.0 and late <= LATE_S)}
@@ -374,6 +386,8 @@ def main() -> None:
     ap.add_argument("--device", default="gpu")
     ap.add_argument("--small", action="store_true", help="tiny checkpoints (a smoke run on any host)")
     ap.add_argument("--live-seconds", type=float, default=60.0, help="audio each live session streams")
+    ap.add_argument("--asr-model", help="a GLM-ASR checkpoint directory to serve (default: random weights)")
+    ap.add_argument("--live-tokens", type=int, default=16, help="tokens a live utterance decodes (its text's)")
     ap.add_argument("--stream-minutes", type=float, default=10.0, help="the streamed upload's length")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -387,11 +401,16 @@ def main() -> None:
                 module, extra = "gpt.serve", ["served_model_name=gpt2", f"max_batch={max(levels)}", "stop=[]"]
                 rng = np.random.default_rng(0)
                 payload = rng.integers(0, 300 if args.small else 50257, 32 if args.small else 128).tolist()
-            elif kind in ("live", "stream"):
-                served_checkpoint("asr", ckpt, args.small)
-                module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64"]
+            elif args.asr_model:
+                ckpt = Path(args.asr_model)
             else:
                 served_checkpoint("asr", ckpt, args.small)
+            if kind in ("live", "stream"):
+                # each session's utterance in flight holds a request slot: room for every level's
+                tokens = args.live_tokens if kind == "live" else 64
+                module, extra = "glm_asr.serve", ["served_model_name=glm-asr", f"max_new_tokens={tokens}",
+                                                  f"max_queue={max(64, max(levels))}"]
+            elif kind == "asr":
                 module, extra = "glm_asr.serve", ["served_model_name=glm-asr", "max_new_tokens=64", "vad=none"]
                 import soundfile as sf
 
@@ -408,10 +427,10 @@ def main() -> None:
                         write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows}, args.out)
                     continue
                 if kind == "live":
-                    live_round(url, max(levels), 10.0)      # warm: the VAD's and decoder's shapes
+                    live_round(url, max(levels), 10.0, args.live_tokens)      # warm: the VAD's and decoder's shapes
                 for c in levels:
                     if kind == "live":
-                        rows.append(live_round(url, c, args.live_seconds))
+                        rows.append(live_round(url, c, args.live_seconds, args.live_tokens))
                         print(rows[-1], flush=True)
                         if not args.small:
                             write_result("load-test", {"gpu": gpu_name(), "versions": versions(), "rows": rows},
