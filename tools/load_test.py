@@ -391,6 +391,9 @@ def main() -> None:
     ap.add_argument("--stream-minutes", type=float, default=10.0, help="the streamed upload's length")
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    unknown = set(args.kind.split(",")) - {"gpt", "asr", "live", "stream"}
+    if unknown:
+        ap.error(f"--kind: unknown {', '.join(sorted(unknown))} (gpt, asr, live, stream)")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
