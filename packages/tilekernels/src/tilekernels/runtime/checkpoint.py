@@ -84,7 +84,7 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
-_WIDTH = {"F32": 4, "F16": 2, "BF16": 2}
+_STORED = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}   # as the file holds them
 
 
 def _read_header(path: Path, size: int) -> tuple[dict, int]:
@@ -135,7 +135,7 @@ def _tensor_table(path: Path, strip_prefixes: tuple[str, ...]) -> tuple[int, lis
     table = []
     for name, meta in header.items():
         dtype = meta.get("dtype")
-        if dtype not in _WIDTH:
+        if dtype not in _STORED:
             raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {dtype}")
         begin, end = meta["data_offsets"]
         if data_start + end > size:
@@ -145,9 +145,6 @@ def _tensor_table(path: Path, strip_prefixes: tuple[str, ...]) -> tuple[int, lis
     return data_start, table
 
 
-_STORED = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
-
-
 def _views(path: Path, data_start: int, table: list[tuple]) -> dict[str, np.ndarray]:
     """A checked file's tensors as views of it mapped into memory (float16 widened, and an
     unaligned tensor copied)."""
@@ -155,7 +152,7 @@ def _views(path: Path, data_start: int, table: list[tuple]) -> dict[str, np.ndar
     out = {}
     for key, dtype, shape, begin, end in table:
         bits = raw[data_start + begin: data_start + end]
-        if (data_start + begin) % _WIDTH[dtype]:        # unaligned: a copy
+        if (data_start + begin) % _STORED[dtype].itemsize:        # unaligned: a copy
             bits = bits.copy()
         tensor = bits.view(_STORED[dtype]).reshape(shape)
         out[key] = tensor.view(BF16) if dtype == "BF16" else tensor.astype(np.float32) if dtype == "F16" else tensor
