@@ -110,6 +110,33 @@ def test_a_files_windows_come_from_a_second_pass_as_in_memory(monkeypatch, tmp_p
     assert cutter.cut(40, 60).tolist() == list(range(40, 50))      # past the end: what there is
 
 
+def test_a_long_file_without_long_pauses_reaches_the_encoder_while_its_vad_goes_on(tmp_path):
+    """Twenty minutes of speech whose pauses are all shorter than min_silence (one group of speech):
+    its first windows go out after the first chunk of its VAD, not after the whole file's (the
+    probabilities here are made up: speech with a short pause every 3 s)."""
+    import glm_asr.vad as vad
+    from glm_asr.audio import Audio
+
+    n = 16000 * 1200
+    sf.write(tmp_path / "talk.flac", np.zeros(n, np.float32), 16000)
+    pattern = np.r_[np.full(80, 0.9), np.full(14, 0.1)].astype(np.float32)
+    made = np.resize(pattern, -(-n // 512))
+    calls = []
+
+    def probs(samples):             # a chunk after the first comes with the VAD block before it
+        start = sum(calls) - (vad.workers.BLOCK if calls else 0)
+        calls.append(len(samples) - (vad.workers.BLOCK if calls else 0))
+        return made[start // 512: start // 512 + -(-len(samples) // 512)]
+
+    with Audio(str(tmp_path / "talk.flac")) as audio:
+        windows = speech_windows(audio, VadOptions(), xp=None, probs=probs)
+        first = next(windows)
+        assert sum(calls) == STREAM_CHUNK < n // 4
+        got = [first, *windows]
+    want = segments_from_probs(made, n, VadOptions())
+    assert [(w.start_s, w.end_s) for w in got] == [(s.start_s, s.end_s) for s in want] and len(want) > 20
+
+
 def test_speech_windows_of_silence_decode_nothing():
     assert list(speech_windows(np.zeros(16000 * 40, np.float32), VadOptions())) == []
 

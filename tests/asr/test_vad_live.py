@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from glm_asr.vad import FRAME, LiveVad, Speech, VadOptions, block_frames, segments_from_probs, speech_probs
+from glm_asr.vad import (FRAME, LiveVad, Speech, VadOptions, block_frames, segments_from_probs, speech_probs,
+                         speech_regions)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -143,3 +144,82 @@ def test_a_long_silence_costs_nothing_and_changes_nothing():
     events += v.finish()
     assert [e.segment for e in events if isinstance(e, Speech)] == segments_from_probs(speech_probs(x), len(x))
     assert kept[0] < 100 and kept[1] < 16000 * 3, kept      # frames, samples: ~2.5 s, not 80
+
+
+def random_probs(rng, seconds: float) -> np.ndarray:
+    """Probabilities of speech in runs of 0.2-40 s between pauses of 0.05-4 s (most shorter than
+    the 2 s that ends a group: minutes of speech with no long pause), values on both sides of the
+    thresholds and between them."""
+    out, t = [], 0
+    while t < seconds * 16000 // FRAME:
+        speech = int(rng.uniform(0.2, 40 if rng.random() < 0.1 else 6) * 16000 / FRAME)
+        pause = int(rng.uniform(0.05, 4 if rng.random() < 0.02 else 1.2) * 16000 / FRAME)
+        out += [rng.uniform(0.4, 1.0, speech), rng.uniform(0.0, 0.45, pause)]
+        t += speech + pause
+    return np.concatenate(out).astype(np.float32)
+
+
+def settle(v: LiveVad, probs: np.ndarray, n: int, sizes) -> list:
+    """A file of n samples whose probabilities are probs, settled in pieces of `sizes` samples."""
+    events, i, k = [], 0, 0
+    while i < n:
+        j = min(n, i + sizes[k % len(sizes)])
+        last = j == n
+        new = probs[i // FRAME: (-(-j // FRAME) if last else j // FRAME)]
+        events += [(j, e) for e in v.settle(np.zeros(j - i, np.float32), new, last)]
+        i, k = j, k + 1
+    return events
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_speech_without_long_pauses_is_final_a_chapter_at_a_time(seed):
+    """Minutes of speech whose pauses are all shorter than min_silence are one group; settled in
+    ragged pieces it gets the whole file's segments, each within a chapter and a window of its end
+    (not at the group's end), and no segment spans a chapter's cut."""
+    from glm_asr.vad.segments import CHAPTER_S, chapters
+
+    rng = np.random.default_rng(seed)
+    probs = random_probs(rng, 600)
+    n = len(probs) * FRAME - int(rng.integers(0, FRAME))
+    options = [VadOptions(), VadOptions(min_silence_duration_ms=3000, speech_pad_ms=700),
+               VadOptions(max_speech_duration_s=7, min_speech_duration_ms=500),
+               VadOptions(min_speech_duration_ms=200_000)][seed % 4]
+    whole = segments_from_probs(probs, n, options)
+    events = settle(LiveVad(options, keep_audio=False), probs, n, [int(rng.integers(1, 200_000)) for _ in range(7)])
+    got = [(at, e.segment) for at, e in events if isinstance(e, Speech)]
+    assert [s for _, s in got] == whole and len(whole) > 10
+    wait = (CHAPTER_S + 2 * options.max_speech_duration_s + 4) * 16000 + 200_000
+    assert all(at <= s.end + wait or at == n for at, s in got)
+    assert sum(at < n for at, _ in got) > len(got) // 2        # most of them before the end
+    # the rule itself: chapters end near CHAPTER_S at a pause, and every segment lies in one
+    groups, gap = [], options.min_silence_duration_ms * 16 / FRAME
+    for r in speech_regions(probs, options):
+        if groups and r[0] - groups[-1][-1][1] < gap:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    longest, cut = max(e - s for g in groups for s, e in g), 0
+    for g in groups:
+        parts = chapters(g, int(options.max_speech_duration_s * 16000) // FRAME)
+        assert [r for p in parts for r in p] == g
+        cut += len(parts) - 1
+        for p in parts[:-1]:
+            assert p[-1][1] - p[0][0] <= CHAPTER_S * 16000 / FRAME + longest
+            assert not any(s.start < p[-1][1] * FRAME < s.end for s in whole)
+    assert cut >= 2
+
+
+def test_a_group_longer_than_a_chapter_is_kept_whatever_min_speech_says():
+    """min_speech_duration_ms drops short groups; a group longer than a chapter, whose first
+    chapter a stream gives out before its length is known, is kept in a file too."""
+    from glm_asr.vad.segments import CHAPTER_S
+
+    spoken = int((CHAPTER_S + 20) * 16000 / FRAME)
+    probs = np.concatenate([np.zeros(50), np.tile(np.r_[np.full(60, 0.9), np.full(10, 0.1)], spoken // 70),
+                            np.zeros(100)]).astype(np.float32)
+    n = len(probs) * FRAME
+    o = VadOptions(min_speech_duration_ms=int(1000 * (CHAPTER_S + 60)))
+    whole = segments_from_probs(probs, n, o)
+    assert whole and whole[-1].end - whole[0].start > CHAPTER_S * 16000
+    got = [e.segment for _, e in settle(LiveVad(o, keep_audio=False), probs, n, [30_000]) if isinstance(e, Speech)]
+    assert got == whole

@@ -23,7 +23,9 @@ that pauses shorter than min_silence_duration_ms separate are merged into segmen
 max_speech_duration_s. A longer group is cut in pauses: the shortest pause cut in is as long as
 it can be, then the segments are as few as can be, then the pauses cut in are as long as can be
 (a group that fits in two segments with a cut in its longest pause is cut there alone). A region
-with no pause longer than max_speech_duration_s is cut at its least speech-like frames. Segment
+with no pause longer than max_speech_duration_s is cut at its least speech-like frames. A group
+longer than CHAPTER_S (2 minutes) is first cut into chapters at pauses near that length, each
+cut as above: speech with no long pause is final a chapter at a time (segments.chapters). Segment
 start/end are the speech bounds (what is written); the audio range given to the model adds
 speech_pad_ms each side, never past the middle of the pause to the next segment, the file's
 ends or max_speech_duration_s in all.

@@ -5,7 +5,8 @@ as the samples arrive; segments_from_probs' rules), for server-side turn detecti
 A group of speech regions (what pauses shorter than min_silence_duration_ms join) is final once
 its last region is followed by max(min_silence_duration_ms, 2 * speech_pad_ms) without speech:
 no later region can join it, and its right padding is settled. Its segments (at most
-max_speech_duration_s each, cut as a file's) are then given out with their padded audio. Memory
+max_speech_duration_s each, cut as a file's) are then given out with their padded audio. A group
+still going on gives out its chapters (segments.chapters) as each is final. Memory
 is bounded by the audio since the last segment given out (and a VAD block), not by the stream.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .model import CONTEXT, _gate_inputs, _one_blas_thread, block_frames, lstm_steps
-from .segments import FRAME, SAMPLE_RATE, Segment, VadOptions, mean_speech, segments_from_probs, speech_regions
+from .segments import (FRAME, SAMPLE_RATE, Segment, VadOptions, chapters, mean_speech, segments_from_probs,
+                       speech_regions)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class LiveVad:
         self.before: int | None = None           # stream sample where the last segment given out ended
         self.started = 0                         # frames before this one have had their "started"
         self.handled = 0                         # groups before this frame are final and handled
+        self.continued = False                   # self.probs start inside a group (after a chapter)
         self.ended = False
         pad = self.o.speech_pad_ms * SAMPLE_RATE / 1000
         self.need = math.ceil(max(self.o.min_silence_duration_ms * SAMPLE_RATE / 1000, 2 * pad) / FRAME)
@@ -123,22 +126,31 @@ class LiveVad:
     # ------------------------------------------------------------------ segments
     def _events(self) -> list:
         """For each group of speech in turn: ("started", sample) once the groups before it are final,
-        and once it is final its Speech segments, or ("dropped", sample) if too short to keep."""
+        and once it is final its Speech segments, or ("dropped", sample) if too short to keep. A
+        group still going on is final a chapter at a time (segments.chapters): each chapter
+        but its last is given out as a group of its own."""
         events, regions = [], speech_regions(self.probs, self.o)
-        groups: list[list[int]] = []
-        for a, e in regions:
-            if groups and (a - groups[-1][1]) * FRAME < self.o.min_silence_duration_ms * SAMPLE_RATE / 1000:
-                groups[-1][1] = e
+        groups: list[list[tuple[int, int]]] = []
+        for r in regions:
+            if groups and (r[0] - groups[-1][-1][1]) * FRAME < self.o.min_silence_duration_ms * SAMPLE_RATE / 1000:
+                groups[-1].append(r)
             else:
-                groups.append([a, e])
-        cut = self._cut(regions)
+                groups.append([r])
+        cut, continued = self._cut(regions), False
+        at = next((i for i, g in enumerate(groups) if cut is None or g[-1][1] > cut), None)
+        if at is not None:                           # the first group not final: its chapters but the last are
+            parts = chapters(groups[at], int(self.o.max_speech_duration_s * SAMPLE_RATE) // FRAME)
+            if len(parts) > 1:
+                groups[at:at + 1] = parts
+                cut, continued = parts[-2][-1][1], True
         base = self.first * FRAME
         segments = []
         if cut is not None:
             n = (self.n if self.ended else self.frames * FRAME) - base
-            segments = segments_from_probs(self.probs, n, self.o,
+            segments = segments_from_probs(self.probs, n, self.o, continued=self.continued,
                                            before=None if self.before is None else self.before - base)
-        for a, e in groups:
+        for g in groups:
+            a, e = g[0][0], g[-1][1]
             if self.first + a < self.handled:          # given out (or dropped) already
                 continue
             if self.first + a >= self.started:
@@ -156,8 +168,8 @@ class LiveVad:
             if not mine:
                 events.append(("dropped", base + min(e * FRAME, self.n - base)))
         if cut is not None:
-            self.handled = self.first + cut
-        pending = next((a for a, e in groups if cut is None or e > cut), None)
+            self.handled, self.continued = self.first + cut, continued
+        pending = next((g[0][0] for g in groups if cut is None or g[-1][1] > cut), None)
         self._forget(cut, pending)
         return events
 

@@ -11,6 +11,7 @@ import numpy as np
 SAMPLE_RATE = 16000
 FRAME = 512                 # samples per probability (32 ms)
 MAX_WINDOW_S = 30.0         # the encoder's window
+CHAPTER_S = 120.0           # speech going on longer is closed at a pause near this length (chapters)
 
 
 @dataclass
@@ -173,11 +174,34 @@ def _split(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -
     return out[::-1]
 
 
+def chapters(regions: list[tuple[int, int]], max_frames: int) -> list[list[tuple[int, int]]]:
+    """A group's regions in chapters, each cut into segments alone, so that speech with no long
+    pause is final a chapter at a time, not at its end (a long file's first windows reach the
+    encoder while its VAD goes on; a live monologue is transcribed as it goes). A chapter that
+    would run past CHAPTER_S ends at the longest pause (the latest of equals) after a region ending
+    in its last max_frames before CHAPTER_S, or if none ends there, at the first pause after.
+    Decided by the regions up to the next one's start: on a prefix of the probabilities every
+    chapter but the last is the whole stream's (vad.live)."""
+    length = int(CHAPTER_S * SAMPLE_RATE) // FRAME
+    out, i = [], 0
+    while regions[-1][1] > regions[i][0] + length:
+        limit = regions[i][0] + length
+        inside = [k for k in range(i, len(regions) - 1) if limit - max_frames <= regions[k][1] <= limit]
+        after = [k for k in range(i, len(regions) - 1) if regions[k][1] > limit]
+        if not inside and not after:
+            break
+        k = max(inside, key=lambda k: (regions[k + 1][0] - regions[k][1], k)) if inside else after[0]
+        out.append(regions[i:k + 1])
+        i = k + 1
+    return out + [regions[i:]]
+
+
 def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None, *,
-                        before: int | None = None) -> list[Segment]:
+                        before: int | None = None, continued: bool = False) -> list[Segment]:
     """The segments of a file of n_samples whose frame probabilities are probs (see module doc).
     before: where the segment before these probabilities ended, in their time (<= 0), for the
-    rest of a stream whose earlier segments were given out (vad.live); None: they start the file."""
+    rest of a stream whose earlier segments were given out (vad.live); None: they start the file.
+    continued: the probabilities start inside a group whose earlier chapters were given out."""
     o = options or VadOptions()
     probs = np.asarray(probs, np.float32)
     if probs.shape != (-(-n_samples // FRAME),):
@@ -195,10 +219,13 @@ def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions |
         else:
             groups.append([r])
     spans = []
-    for g in groups:
+    chapter = int(CHAPTER_S * SAMPLE_RATE) // FRAME * FRAME
+    for i, g in enumerate(groups):
         a, b = g[0][0] * FRAME, min(g[-1][1] * FRAME, n_samples)
-        if b > a and b - a > min_speech:
-            spans += _split(g, probs, max_frames)
+        # a group longer than a chapter is kept whatever min_speech says: its first chapter is
+        # given out before its length is known
+        if b > a and (b - a > min(min_speech, chapter) or (continued and i == 0)):
+            spans += [s for c in chapters(g, max_frames) for s in _split(c, probs, max_frames)]
     bounds = [(a * FRAME, min(b * FRAME, n_samples)) for a, b in spans]
     bounds = [(a, b) for a, b in bounds if b > a]
 
