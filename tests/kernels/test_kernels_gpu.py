@@ -79,6 +79,8 @@ def test_embedding_of_a_bfloat16_table(poisoned, rng, c):
     (6144, 2048, None, True),          # GLM down + residual: one 8192-wide K tile
     (1281, 769, None, True),           # ragged K and N
     (2048, 5000, None, False),         # a vocabulary-wide head at M = 1 (the mma kernel)
+    (768, 2304, None, False),          # GPT-2 sizes: K in splits of 256
+    (768, 768, None, True),
 ])
 def test_linear_with_bfloat16_weights(poisoned, rng, m, k, n, act, res):
     """bfloat16 weights widened in the kernels: the same products as their float32 values,
@@ -360,6 +362,16 @@ def test_batched_decode_rows_do_not_depend_on_the_batch(poisoned, rng):
                                    (pair(rng, 768, 2048), None, gx, None), (pair(rng, 2304, 2048), "gelu_tanh", gx, rms)):
         full = tk.linear(xs, gw, activation=act, norm=norm)
         for m in (1, 2, 3, 8, 16, 17, 32, 64, 100):
+            assert cupy.array_equal(tk.linear(xs[:m].copy(), gw, activation=act, norm=norm), full[:m]), (w.shape, m)
+    # GPT-2's decode products (K = 768 cut in splits of 256; a LayerNorm folded into qkv and fc1)
+    ln, x768 = tk.LayerNorm(None, None, 1e-5), cupy.ascontiguousarray(gx[:, :768])
+    for (w, gw), act, xs, norm in ((bf16_pair(rng, 2304, 768, scale=0.05), None, x768, ln),
+                                   (bf16_pair(rng, 768, 768, scale=0.05), None, tk.weights.to_bf16(x768), None),
+                                   (bf16_pair(rng, 3072, 768, scale=0.05), "gelu_tanh", x768, ln),
+                                   (bf16_pair(rng, 768, 3072, scale=0.05), None, cupy.asarray(np.tile(x[:, :768], (1, 4))),
+                                    None)):
+        full = tk.linear(xs, gw, activation=act, norm=norm)
+        for m in (1, 2, 7, 16, 17, 64, 100):
             assert cupy.array_equal(tk.linear(xs[:m].copy(), gw, activation=act, norm=norm), full[:m]), (w.shape, m)
 
 

@@ -61,10 +61,6 @@ class Audio:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def reopen(self) -> "Audio":
-        """The same input opened again, for a second pass over its samples."""
-        return Audio(self.path, self.audio_stream, self.name)
-
     def __iter__(self) -> Iterator[np.ndarray]:
         n = 0
         for block in self._blocks:

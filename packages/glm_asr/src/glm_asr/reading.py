@@ -9,7 +9,6 @@ in worker processes, vad.pooled_probs).
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,53 +133,21 @@ def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int =
     file's time). The probabilities come a chunk at a time (vad.chunk_probs; probs(samples)
     computes a chunk's), and a segment goes out as soon as no later audio can change it
     (vad.LiveVad, whose segments are the whole file's): a long file's first windows reach the
-    encoder while its VAD goes on. A file's segments are cut from a second pass over it, which
-    trails the first: memory holds a chunk, a segment, and the probabilities of speech not yet
-    final. Each window carries its speech's mean probability (a segment's no_speech_prob is 1
-    minus it)."""
+    encoder while its VAD goes on. A file is read once: memory holds a chunk and the samples and
+    probabilities of speech not yet final (at most a chapter of it, vad.segments.chapters).
+    Each window carries its speech's mean probability (a segment's no_speech_prob is 1 minus
+    it)."""
     whole = isinstance(audio, np.ndarray)
     blocks, offset = ([audio], 0.0) if whole else (audio, audio.offset_s)
-    vad = LiveVad(options, keep_audio=False)
-    with contextlib.ExitStack() as stack:
-        second = None
-        for chunk, p, last in chunk_probs(blocks, probs):
-            for e in vad.settle(chunk, p, last):
-                if not isinstance(e, Speech):
-                    continue
+    vad = LiveVad(options, keep_audio=not whole)
+    for chunk, p, last in chunk_probs(blocks, probs):
+        for e in vad.settle(chunk, p, last):
+            if isinstance(e, Speech):
                 s = e.segment
-                if whole:
-                    x = audio[s.audio_start:s.audio_end].copy()
-                else:
-                    second = second or Cutter(stack.enter_context(audio.reopen()))
-                    x = second.cut(s.audio_start, s.audio_end)
+                x = audio[s.audio_start:s.audio_end].copy() if whole else e.audio
                 w = speech_window(x, offset + s.start_s, offset + s.end_s, e.speech, n_mels, xp)
                 if w is not None:
                     yield w
-
-
-class Cutter:
-    """Sample ranges in time order, not overlapping, cut from blocks as they arrive (a second
-    pass over a file): only the block being read is held."""
-
-    def __init__(self, blocks):
-        self.blocks, self.rest, self.pos = iter(blocks), np.zeros(0, np.float32), 0     # rest starts at pos
-
-    def cut(self, a: int, b: int) -> np.ndarray:
-        out = []
-        while True:
-            x, p = self.rest, self.pos
-            lo, hi = max(a, p), min(b, p + len(x))
-            if hi > lo:
-                out.append(x[lo - p:hi - p])
-            if p + len(x) >= b:
-                self.rest, self.pos = x[max(b, p) - p:], max(b, p)
-                break
-            block = next(self.blocks, None)
-            if block is None:                   # a file shorter than its header said
-                self.rest, self.pos = x[:0], p + len(x)
-                break
-            self.rest, self.pos = block, p + len(x)
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
 def speech_window(x: np.ndarray, start_s: float, end_s: float, speech: float | None, n_mels: int = 128,
