@@ -15,8 +15,9 @@ that the clients' own Python is not what is measured), each sending requests bac
   as FLAC, max_new_tokens 64 (the server's default, set at start); real-time factor aggregate
   (audio seconds / wall seconds), latency p50/p99;
 - stream: one upload of --stream-minutes (10) of speech with pauses (as live's) as FLAC with
-  `stream=true` (the server's default VAD): seconds from the request's last byte to the first transcript.text.delta
-  and to transcript.text.done (a warm run, then the median of 3);
+  `stream=true` (the server's default VAD) and temperature 1 (random weights decode greedily to
+  no text: sampled, a segment decodes its whole max_new_tokens): seconds from the request's last
+  byte to the first transcript.text.delta and to transcript.text.done (a warm run, the median of 3);
 - live: C sessions of /v1/realtime (server_vad) at once, each streaming --live-seconds of speech
   with pauses (the tests' espeak fixtures, looped, from a random point of the loop: turns end at
   independent times) as pcm16 at 1x real time in 100 ms appends,
@@ -349,8 +350,9 @@ def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
     buf = io.BytesIO()
     sf.write(buf, np.frombuffer(speech_stream(60 * minutes), "<i2"), 16000, format="FLAC")
     body = asr_body(buf.getvalue()).replace(
-        f"--{BOUNDARY}--".encode(), f'--{BOUNDARY}\r\ncontent-disposition: form-data; name="stream"\r\n\r\n'
-                                    f"true\r\n--{BOUNDARY}--".encode())
+        f"--{BOUNDARY}--".encode(),
+        ("".join(f'--{BOUNDARY}\r\ncontent-disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'
+                 for k, v in (("stream", "true"), ("temperature", "1"))) + f"--{BOUNDARY}--").encode())
     where = urllib.parse.urlsplit(url)
 
     def once() -> tuple[float, float]:
