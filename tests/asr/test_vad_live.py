@@ -176,7 +176,7 @@ def test_speech_without_long_pauses_is_final_a_chapter_at_a_time(seed):
     """Minutes of speech whose pauses are all shorter than min_silence are one group; settled in
     ragged pieces it gets the whole file's segments, each within a chapter and a window of its end
     (not at the group's end), and no segment spans a chapter's cut."""
-    from glm_asr.vad.segments import CHAPTER_S, chapters
+    from glm_asr.vad.segments import CHAPTER_S, chapters, speech_groups
 
     rng = np.random.default_rng(seed)
     probs = random_probs(rng, 600)
@@ -192,12 +192,7 @@ def test_speech_without_long_pauses_is_final_a_chapter_at_a_time(seed):
     assert all(at <= s.end + wait or at == n for at, s in got)
     assert sum(at < n for at, _ in got) > len(got) // 2        # most of them before the end
     # the rule itself: chapters end near CHAPTER_S at a pause, and every segment lies in one
-    groups, gap = [], options.min_silence_duration_ms * 16 / FRAME
-    for r in speech_regions(probs, options):
-        if groups and r[0] - groups[-1][-1][1] < gap:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
+    groups = speech_groups(speech_regions(probs, options), options)
     longest, cut = max(e - s for g in groups for s, e in g), 0
     for g in groups:
         parts = chapters(g, int(options.max_speech_duration_s * 16000) // FRAME)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .model import CONTEXT, _gate_inputs, _one_blas_thread, block_frames, lstm_steps
 from .segments import (FRAME, SAMPLE_RATE, Segment, VadOptions, chapters, mean_speech, segments_from_probs,
-                       speech_regions)
+                       speech_groups, speech_regions)
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,7 @@ class LiveVad:
         group still going on is final a chapter at a time (segments.chapters): each chapter
         but its last is given out as a group of its own."""
         events, regions = [], speech_regions(self.probs, self.o)
-        groups: list[list[tuple[int, int]]] = []
-        for r in regions:
-            if groups and (r[0] - groups[-1][-1][1]) * FRAME < self.o.min_silence_duration_ms * SAMPLE_RATE / 1000:
-                groups[-1].append(r)
-            else:
-                groups.append([r])
+        groups = speech_groups(regions, self.o)
         cut, continued = self._cut(regions), False
         at = next((i for i, g in enumerate(groups) if cut is None or g[-1][1] > cut), None)
         if at is not None:                           # the first group not final: its chapters but the last are

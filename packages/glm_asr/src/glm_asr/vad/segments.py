@@ -12,6 +12,7 @@ SAMPLE_RATE = 16000
 FRAME = 512                 # samples per probability (32 ms)
 MAX_WINDOW_S = 30.0         # the encoder's window
 CHAPTER_S = 120.0           # speech going on longer is closed at a pause near this length (chapters)
+CHAPTER_FRAMES = int(CHAPTER_S * SAMPLE_RATE) // FRAME
 
 
 @dataclass
@@ -103,6 +104,18 @@ def speech_regions(probs: np.ndarray, options: VadOptions | None = None) -> list
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
 
+def speech_groups(regions: list[tuple[int, int]], options: VadOptions) -> list[list[tuple[int, int]]]:
+    """The regions in groups: a pause shorter than min_silence_duration_ms joins two regions."""
+    min_silence = options.min_silence_duration_ms * SAMPLE_RATE / 1000
+    groups: list[list[tuple[int, int]]] = []
+    for r in regions:
+        if groups and (r[0] - groups[-1][-1][1]) * FRAME < min_silence:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
+
+
 def _hard_cuts(start: int, end: int, probs: np.ndarray, max_frames: int) -> list[tuple[int, int]]:
     """A region without a pause cut into parts of at most max_frames at its least speech-like
     frames (where both sides fit if they can, else after at least half a part)."""
@@ -182,10 +195,9 @@ def chapters(regions: list[tuple[int, int]], max_frames: int) -> list[list[tuple
     in its last max_frames before CHAPTER_S, or if none ends there, at the first pause after.
     Decided by the regions up to the next one's start: on a prefix of the probabilities every
     chapter but the last is the whole stream's (vad.live)."""
-    length = int(CHAPTER_S * SAMPLE_RATE) // FRAME
     out, i = [], 0
-    while regions[-1][1] > regions[i][0] + length:
-        limit = regions[i][0] + length
+    while regions[-1][1] > regions[i][0] + CHAPTER_FRAMES:
+        limit = regions[i][0] + CHAPTER_FRAMES
         inside = [k for k in range(i, len(regions) - 1) if limit - max_frames <= regions[k][1] <= limit]
         after = [k for k in range(i, len(regions) - 1) if regions[k][1] > limit]
         if not inside and not after:
@@ -208,23 +220,15 @@ def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions |
         raise ValueError(f"{n_samples} samples have {-(-n_samples // FRAME)} frames, got probabilities of shape {probs.shape}")
     max_samples = int(o.max_speech_duration_s * SAMPLE_RATE)
     max_frames = max_samples // FRAME
-    min_silence = o.min_silence_duration_ms * SAMPLE_RATE / 1000
     min_speech = o.min_speech_duration_ms * SAMPLE_RATE / 1000
     pad = int(o.speech_pad_ms * SAMPLE_RATE / 1000)
 
-    groups: list[list[tuple[int, int]]] = []
-    for r in speech_regions(probs, o):
-        if groups and (r[0] - groups[-1][-1][1]) * FRAME < min_silence:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
     spans = []
-    chapter = int(CHAPTER_S * SAMPLE_RATE) // FRAME * FRAME
-    for i, g in enumerate(groups):
+    for i, g in enumerate(speech_groups(speech_regions(probs, o), o)):
         a, b = g[0][0] * FRAME, min(g[-1][1] * FRAME, n_samples)
         # a group longer than a chapter is kept whatever min_speech says: its first chapter is
         # given out before its length is known
-        if b > a and (b - a > min(min_speech, chapter) or (continued and i == 0)):
+        if b > a and (b - a > min(min_speech, CHAPTER_FRAMES * FRAME) or (continued and i == 0)):
             spans += [s for c in chapters(g, max_frames) for s in _split(c, probs, max_frames)]
     bounds = [(a * FRAME, min(b * FRAME, n_samples)) for a, b in spans]
     bounds = [(a, b) for a, b in bounds if b > a]
