@@ -70,13 +70,22 @@ def make_inputs(work: Path, long: bool = True) -> None:
         print("no PyAV here: the m4a case is skipped", file=sys.stderr)
 
 
+def cupy_cache() -> Path:
+    """Where CuPy keeps the kernels it compiles (its own: elementwise, reductions)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+def cupy_kernels() -> int:
+    """Kernels in CuPy's cache (its source files, saved with CUPY_CACHE_SAVE_CUDA_SOURCE, not counted)."""
+    return sum(f.suffix != ".cu" for f in cupy_cache().iterdir()) if cupy_cache().is_dir() else 0
+
+
 def clear_caches() -> None:
     """Every compile cache this user has: tilekernels' cubins, cuTile's and CuPy's own."""
     from tilekernels.cubins import cache_dir
 
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    cupy_cache = Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
-    for d in (cache_dir(), home / "cutile-python", cupy_cache):
+    for d in (cache_dir(), home / "cutile-python", cupy_cache()):
         if d is not None:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -111,9 +120,12 @@ def background_builds(timeout: float = 600.0) -> float:
 
 def cli(args: list[str], work: Path) -> dict:
     background_builds()
+    cupy_before = cupy_kernels()
     wall, p = command([sys.executable, "-m", *args, "profile=true"], work)
     # the workers build the rest of the model's kernels on after the command has exited
-    return {"wall_s": wall, **parse_profile(p.stderr), "builds_after_exit_s": background_builds()}
+    return {"wall_s": wall, **parse_profile(p.stderr), "cupy_kernels_compiled": cupy_kernels() - cupy_before,
+            "python_bytecode_written": not sys.flags.dont_write_bytecode,
+            "builds_after_exit_s": background_builds()}
 
 
 def command(args: list[str], work: Path) -> tuple[float, subprocess.CompletedProcess]:
