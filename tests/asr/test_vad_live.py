@@ -32,7 +32,8 @@ def feed(v: LiveVad, x: np.ndarray, sizes) -> list:
 
 @pytest.mark.parametrize("options", [VadOptions(), VadOptions(min_silence_duration_ms=300, speech_pad_ms=200),
                                      VadOptions(min_silence_duration_ms=100, speech_pad_ms=600, threshold=0.6),
-                                     VadOptions(min_speech_duration_ms=2500), VadOptions(max_speech_duration_s=4)])
+                                     VadOptions(min_speech_duration_ms=2500), VadOptions(max_speech_duration_s=4),
+                                     VadOptions(min_silence_duration_ms=0, speech_pad_ms=0)])
 def test_the_files_segments_as_each_turns_final(stream, options):
     x = stream
     whole = segments_from_probs(speech_probs(x), len(x), options)
@@ -195,13 +196,21 @@ def test_speech_without_long_pauses_is_final_a_chapter_at_a_time(seed):
     groups = speech_groups(speech_regions(probs, options), options)
     longest, cut = max(e - s for g in groups for s, e in g), 0
     for g in groups:
-        parts = chapters(g, int(options.max_speech_duration_s * 16000) // FRAME)
-        assert [r for p in parts for r in p] == g
+        parts = chapters(g, probs, int(options.max_speech_duration_s * 16000) // FRAME)
+        assert joined([r for p in parts for r in p]) == g
         cut += len(parts) - 1
         for p in parts[:-1]:
             assert p[-1][1] - p[0][0] <= CHAPTER_S * 16000 / FRAME + longest
             assert not any(s.start < p[-1][1] * FRAME < s.end for s in whole)
     assert cut >= 2
+
+
+def joined(regions: list) -> list:
+    """Regions with the two halves of each region a chapter cut in (touching) joined again."""
+    out = []
+    for a, b in regions:
+        out[-1:] = [(out[-1][0], b)] if out and out[-1][1] == a else out[-1:] + [(a, b)]
+    return out
 
 
 def test_a_group_longer_than_a_chapter_is_kept_whatever_min_speech_says():
@@ -218,3 +227,27 @@ def test_a_group_longer_than_a_chapter_is_kept_whatever_min_speech_says():
     assert whole and whole[-1].end - whole[0].start > CHAPTER_S * 16000
     got = [e.segment for _, e in settle(LiveVad(o, keep_audio=False), probs, n, [30_000]) if isinstance(e, Speech)]
     assert got == whole
+
+
+@pytest.mark.parametrize("level", [0.9, 0.42])
+def test_speech_without_any_pause_is_cut_into_chapters_in_bounded_memory(level):
+    """Twenty minutes of one region of speech (music scored as speech; 0.42: one frame over the
+    threshold, then values between the two thresholds) is given out a chapter at a time, as the
+    file's segments, holding a chapter's samples and probabilities at most, not the stream's."""
+    from glm_asr.vad.segments import CHAPTER_S
+
+    frames = int(1200 * 16000 / FRAME)
+    probs = np.full(frames, level, np.float32)
+    probs[:20], probs[20], probs[-50:] = 0.0, 0.9, 0.0
+    n = frames * FRAME
+    whole = segments_from_probs(probs, n, VadOptions())
+    v, got, held = LiveVad(keep_audio=True), [], (0, 0)
+    for i in range(0, n, 30 * 16000):
+        j = min(n, i + 30 * 16000)
+        new = probs[i // FRAME: -(-j // FRAME) if j == n else j // FRAME]
+        got += [(j, e.segment) for e in v.settle(np.zeros(j - i, np.float32), new, j == n) if isinstance(e, Speech)]
+        held = max(held[0], len(v.probs)), max(held[1], len(v.buf))
+    assert [s for _, s in got] == whole and len(whole) >= 40
+    assert sum(at < n for at, _ in got) > len(got) * 3 // 4          # most of them long before the end
+    bound = (CHAPTER_S + 31) * 16000
+    assert held[0] < bound / FRAME and held[1] < bound, held

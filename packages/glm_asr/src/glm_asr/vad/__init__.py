@@ -14,9 +14,12 @@ run side by side (rows of one step, on the CPU such groups in a thread pool: num
 release the GIL); every block but the first starts WARMUP_S earlier with a fresh state and its
 first WARMUP_S of probabilities are dropped. Anchored so, a frame's probability depends only on
 the audio from its block's warm-up to it: a file streamed in chunks and a live stream
-(LiveVad, frame by frame as the audio arrives) get the file's probabilities and segments. The reset is not forgotten that soon (Silero's state moves probabilities at speech
-edges for minutes after it), but the speech found is the same: regions within a frame or two,
-segments within 0.1 s of one sequential pass (tests/asr/test_vad.py).
+(LiveVad, frame by frame as the audio arrives) get the file's probabilities and segments (on the
+CPU within 1e-5, not to the bit: numpy's products add in an order that follows how many rows
+share them, so an edge can move a frame where a probability lies that close to a threshold). The
+reset is not forgotten that soon (Silero's state moves probabilities at speech edges for minutes
+after it), but the speech found is the same: regions within a frame or two, segments within
+0.1 s of one sequential pass (tests/asr/test_vad.py).
 
 speech_segments: the speech regions (threshold hysteresis as Silero's get_speech_timestamps)
 that pauses shorter than min_silence_duration_ms separate are merged into segments of at most
@@ -24,8 +27,9 @@ max_speech_duration_s. A longer group is cut in pauses: the shortest pause cut i
 it can be, then the segments are as few as can be, then the pauses cut in are as long as can be
 (a group that fits in two segments with a cut in its longest pause is cut there alone). A region
 with no pause longer than max_speech_duration_s is cut at its least speech-like frames. A group
-longer than CHAPTER_S (2 minutes) is first cut into chapters at pauses near that length, each
-cut as above: speech with no long pause is final a chapter at a time (segments.chapters). Segment
+longer than CHAPTER_S (2 minutes) is first cut into chapters at pauses near that length (or,
+with none there, inside the speech at its least speech-like frame), each cut as above: speech
+with no long pause, or none at all, is final a chapter at a time (segments.chapters). Segment
 start/end are the speech bounds (what is written); the audio range given to the model adds
 speech_pad_ms each side, never past the middle of the pause to the next segment, the file's
 ends or max_speech_duration_s in all.

@@ -23,6 +23,9 @@ from .segments import (FRAME, SAMPLE_RATE, Segment, VadOptions, chapters, mean_s
                        speech_groups, speech_regions)
 
 
+SLACK = 1 << 18         # samples of room a LiveVad's store gets past what it holds (16 s)
+
+
 @dataclass(frozen=True)
 class Speech:
     """A final segment (samples in the stream's time), its padded audio (None where the LiveVad
@@ -41,16 +44,35 @@ class LiveVad:
     def __init__(self, options: VadOptions | None = None, keep_audio: bool = True):
         self.o, self.keep_audio = options or VadOptions(), keep_audio     # False: Speech.audio is None
         self.block, self.warm = block_frames()
-        self.buf, self.origin, self.n = np.zeros(0, np.float32), 0, 0   # samples kept: from stream sample origin
+        self._store, self._lo, self._hi = np.zeros(0, np.float32), 0, 0   # buf: _store[_lo:_hi]
+        self.origin, self.n = 0, 0               # the stream sample buf starts at; samples fed
         self.probs, self.first = np.zeros(0, np.float32), 0            # probabilities from frame `first`
         self.row: tuple | None = None            # (block, next frame, h, c): the block being computed
         self.before: int | None = None           # stream sample where the last segment given out ended
         self.started = 0                         # frames before this one have had their "started"
         self.handled = 0                         # groups before this frame are final and handled
         self.continued = False                   # self.probs start inside a group (after a chapter)
+        self.inside = False                      # ... and inside a region of it (a chapter cut in it)
         self.ended = False
         pad = self.o.speech_pad_ms * SAMPLE_RATE / 1000
-        self.need = math.ceil(max(self.o.min_silence_duration_ms * SAMPLE_RATE / 1000, 2 * pad) / FRAME)
+        # frames without speech after a region that make it final (at least one: a region running to
+        # the last frame known may go on)
+        self.need = max(1, math.ceil(max(self.o.min_silence_duration_ms * SAMPLE_RATE / 1000, 2 * pad) / FRAME))
+
+    @property
+    def buf(self) -> np.ndarray:
+        """The samples kept, from stream sample `origin`: a view of a store with room for SLACK more
+        (a live stream's small appends copy only themselves until it fills)."""
+        return self._store[self._lo:self._hi]
+
+    def _keep(self, x: np.ndarray) -> None:
+        n, m = self._hi - self._lo, len(x)
+        if self._hi + m > len(self._store):
+            store = np.empty(n + m + SLACK, np.float32)
+            store[:n] = self.buf
+            self._store, self._lo, self._hi = store, 0, n
+        self._store[self._hi:self._hi + m] = x
+        self._hi += m
 
     @property
     def frames(self) -> int:
@@ -89,7 +111,7 @@ class LiveVad:
             return -(-self.n // FRAME)
         x = np.asarray(samples, np.float32).reshape(-1)
         if self.keep_audio:
-            self.buf = np.concatenate([self.buf, x]) if len(self.buf) else x.copy()
+            self._keep(x)
         self.n += len(x)
         return self.n // FRAME
 
@@ -129,20 +151,21 @@ class LiveVad:
         and once it is final its Speech segments, or ("dropped", sample) if too short to keep. A
         group still going on is final a chapter at a time (segments.chapters): each chapter
         but its last is given out as a group of its own."""
-        events, regions = [], speech_regions(self.probs, self.o)
+        events, regions = [], speech_regions(self.probs, self.o, self.inside)
         groups = speech_groups(regions, self.o)
-        cut, continued = self._cut(regions), False
+        cut, continued, inside = self._cut(regions), False, False
         at = next((i for i, g in enumerate(groups) if cut is None or g[-1][1] > cut), None)
         if at is not None:                           # the first group not final: its chapters but the last are
-            parts = chapters(groups[at], int(self.o.max_speech_duration_s * SAMPLE_RATE) // FRAME)
+            parts = chapters(groups[at], self.probs, int(self.o.max_speech_duration_s * SAMPLE_RATE) // FRAME)
             if len(parts) > 1:
                 groups[at:at + 1] = parts
                 cut, continued = parts[-2][-1][1], True
+                inside = parts[-1][0][0] == cut       # cut in a region: what follows starts in speech
         base = self.first * FRAME
         segments = []
         if cut is not None:
             n = (self.n if self.ended else self.frames * FRAME) - base
-            segments = segments_from_probs(self.probs, n, self.o, continued=self.continued,
+            segments = segments_from_probs(self.probs, n, self.o, continued=self.continued, inside=self.inside,
                                            before=None if self.before is None else self.before - base)
         for g in groups:
             a, e = g[0][0], g[-1][1]
@@ -163,7 +186,7 @@ class LiveVad:
             if not mine:
                 events.append(("dropped", base + min(e * FRAME, self.n - base)))
         if cut is not None:
-            self.handled, self.continued = self.first + cut, continued
+            self.handled, self.continued, self.inside = self.first + cut, continued, inside
         pending = next((g[0][0] for g in groups if cut is None or g[-1][1] > cut), None)
         self._forget(cut, pending)
         return events
@@ -195,7 +218,7 @@ class LiveVad:
                 self.probs, self.first = self.probs[start - self.first:], start
         keep = min(speech - pad, (self.frames - self.warm) * FRAME - CONTEXT)
         keep = max(keep, self.origin)
-        self.buf, self.origin = self.buf[keep - self.origin:], keep
+        self._lo, self.origin = self._lo + keep - self.origin, keep
 
 
 def feed_all(streams: list[tuple[LiveVad, np.ndarray | None]]) -> list[list]:

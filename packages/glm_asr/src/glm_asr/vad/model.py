@@ -99,7 +99,8 @@ def _frame_view(xs: list, steps: int):
         buf[pos + FRAME: pos + FRAME + len(x)] = x
         bases.append(pos // FRAME)
         pos += size
-    view = xp.lib.stride_tricks.as_strided(buf[FRAME - CONTEXT:], (len(buf) // FRAME - 1, CONTEXT + FRAME), (FRAME * 4, 4))
+    view = xp.lib.stride_tricks.as_strided(buf[FRAME - CONTEXT:], (len(buf) // FRAME - 1, CONTEXT + FRAME),
+                                           (FRAME * 4, 4))
     return view, bases
 
 

@@ -89,9 +89,11 @@ class Segment:
         return self.audio_end / SAMPLE_RATE
 
 
-def speech_regions(probs: np.ndarray, options: VadOptions | None = None) -> list[tuple[int, int]]:
+def speech_regions(probs: np.ndarray, options: VadOptions | None = None,
+                   inside: bool = False) -> list[tuple[int, int]]:
     """[start, end) frame ranges of speech: it starts at a frame >= threshold and ends at the
-    next frame below neg_threshold (frames between the two keep the state they follow)."""
+    next frame below neg_threshold (frames between the two keep the state they follow; inside:
+    the probabilities start in speech, the rest of a region cut by chapters)."""
     o = options or VadOptions()
     p = np.asarray(probs, np.float32)
     if len(p) == 0:
@@ -99,7 +101,7 @@ def speech_regions(probs: np.ndarray, options: VadOptions | None = None) -> list
     on, off = p >= o.threshold, p < o.low
     idx = np.arange(len(p))
     last = np.maximum.accumulate(np.where(on | off, idx, -1))          # the latest decisive frame
-    speech = (last >= 0) & on[np.maximum(last, 0)]
+    speech = np.where(last >= 0, on[np.maximum(last, 0)], inside)
     edges = np.flatnonzero(np.diff(np.concatenate([[0], speech.view(np.int8), [0]])))
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
 
@@ -187,49 +189,64 @@ def _split(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -
     return out[::-1]
 
 
-def chapters(regions: list[tuple[int, int]], max_frames: int) -> list[list[tuple[int, int]]]:
+def chapters(regions: list[tuple[int, int]], probs: np.ndarray, max_frames: int) -> list[list[tuple[int, int]]]:
     """A group's regions in chapters, each cut into segments alone, so that speech with no long
     pause is final a chapter at a time, not at its end (a long file's first windows reach the
     encoder while its VAD goes on; a live monologue is transcribed as it goes). A chapter that
-    would run past CHAPTER_S ends at the longest pause (the latest of equals) after a region ending
-    in its last max_frames before CHAPTER_S, or if none ends there, at the first pause after.
-    Decided by the regions up to the next one's start: on a prefix of the probabilities every
-    chapter but the last is the whole stream's (vad.live)."""
-    out, i = [], 0
-    while regions[-1][1] > regions[i][0] + CHAPTER_FRAMES:
-        limit = regions[i][0] + CHAPTER_FRAMES
-        inside = [k for k in range(i, len(regions) - 1) if limit - max_frames <= regions[k][1] <= limit]
-        after = [k for k in range(i, len(regions) - 1) if regions[k][1] > limit]
-        if not inside and not after:
-            break
-        k = max(inside, key=lambda k: (regions[k + 1][0] - regions[k][1], k)) if inside else after[0]
-        out.append(regions[i:k + 1])
-        i = k + 1
-    return out + [regions[i:]]
+    would run past CHAPTER_S (its `limit`) ends at the longest pause (the latest of equals) after
+    a region ending in its last max_frames before the limit; if none ends there, at the pause the
+    limit falls in, or inside the region it falls in, at its least speech-like frame of those
+    last max_frames (a region of speech with no pause at all, music scored as speech, is cut
+    too: what is pending stays bounded). The two halves of a region cut so touch (no pause).
+    Decided by the regions and probabilities up to the limit, or the start of the first region
+    after it: on a prefix of the probabilities every chapter but the last is the whole
+    stream's (vad.live)."""
+    out, regions = [], list(regions)
+    while regions[-1][1] > regions[0][0] + CHAPTER_FRAMES:
+        limit = regions[0][0] + CHAPTER_FRAMES
+        inside = [k for k in range(len(regions) - 1) if limit - max_frames <= regions[k][1] <= limit]
+        if inside:
+            k = max(inside, key=lambda k: (regions[k + 1][0] - regions[k][1], k))
+            out.append(regions[:k + 1])
+            regions = regions[k + 1:]
+            continue
+        k = next(k for k, r in enumerate(regions) if r[1] > limit)      # the region the limit falls in or before
+        a, b = regions[k]
+        if a >= limit:                                                  # in the pause before it
+            out.append(regions[:k])
+            regions = regions[k:]
+            continue
+        lo = max(a + 1, limit - max_frames)
+        cut = lo + int(np.argmin(probs[lo:limit + 1]))
+        out.append(regions[:k] + [(a, cut)])
+        regions = [(cut, b)] + regions[k + 1:]
+    return out + [regions]
 
 
 def segments_from_probs(probs: np.ndarray, n_samples: int, options: VadOptions | None = None, *,
-                        before: int | None = None, continued: bool = False) -> list[Segment]:
+                        before: int | None = None, continued: bool = False, inside: bool = False) -> list[Segment]:
     """The segments of a file of n_samples whose frame probabilities are probs (see module doc).
     before: where the segment before these probabilities ended, in their time (<= 0), for the
     rest of a stream whose earlier segments were given out (vad.live); None: they start the file.
-    continued: the probabilities start inside a group whose earlier chapters were given out."""
+    continued: the probabilities start inside a group whose earlier chapters were given out;
+    inside: inside a region, too (a chapter cut in it)."""
     o = options or VadOptions()
     probs = np.asarray(probs, np.float32)
     if probs.shape != (-(-n_samples // FRAME),):
-        raise ValueError(f"{n_samples} samples have {-(-n_samples // FRAME)} frames, got probabilities of shape {probs.shape}")
+        raise ValueError(f"{n_samples} samples have {-(-n_samples // FRAME)} frames, "
+                         f"got probabilities of shape {probs.shape}")
     max_samples = int(o.max_speech_duration_s * SAMPLE_RATE)
     max_frames = max_samples // FRAME
     min_speech = o.min_speech_duration_ms * SAMPLE_RATE / 1000
     pad = int(o.speech_pad_ms * SAMPLE_RATE / 1000)
 
     spans = []
-    for i, g in enumerate(speech_groups(speech_regions(probs, o), o)):
+    for i, g in enumerate(speech_groups(speech_regions(probs, o, inside), o)):
         a, b = g[0][0] * FRAME, min(g[-1][1] * FRAME, n_samples)
         # a group longer than a chapter is kept whatever min_speech says: its first chapter is
         # given out before its length is known
         if b > a and (b - a > min(min_speech, CHAPTER_FRAMES * FRAME) or (continued and i == 0)):
-            spans += [s for c in chapters(g, max_frames) for s in _split(c, probs, max_frames)]
+            spans += [s for c in chapters(g, probs, max_frames) for s in _split(c, probs, max_frames)]
     bounds = [(a * FRAME, min(b * FRAME, n_samples)) for a, b in spans]
     bounds = [(a, b) for a, b in bounds if b > a]
 
