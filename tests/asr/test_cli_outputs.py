@@ -145,6 +145,19 @@ def test_truncated_wav_warns_and_transcribes(tiny, tmp_path):
     assert "Traceback" not in r.stderr and r.stdout.count("\n") == 1
 
 
+def test_a_wav_cut_after_its_header_is_one_error_and_the_others_go_on(tiny, audio_dir, tmp_path):
+    """A WAV cut right after its 44-byte header (libsndfile: 'should be 0' bytes of data) is that
+    file's error line; the files around it are transcribed."""
+    head = tmp_path / "head.wav"
+    head.write_bytes((audio_dir / "speech16k.wav").read_bytes()[:44])
+    ok = audio_dir / "speech16k.wav"
+    r = cli(ok, head, ok, f"model.path={tiny}", "vad=none", "max_new_tokens=2", "device=cpu")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(head) in errors[0], r.stderr
+    assert r.stdout.count("\n") == 2
+
+
 def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir, tmp_path):
     """An output that cannot be written (its name taken by a directory: fails as root too) gets one
     error line naming the output path (not the hidden temporary file); the other input's output is

@@ -85,6 +85,23 @@ def test_blocks_are_bounded_and_rejoin_to_the_whole(tmp_path, monkeypatch):
     np.testing.assert_array_equal(whole, librosa.resample(x, orig_sr=44100, target_sr=16000))
 
 
+@pytest.mark.parametrize("rate,n", [(44100, 1), (48000, 144013), (22050, 3 * 22050 + 13), (8000, 7)])
+def test_resampled_as_many_samples_as_librosa_gives(tmp_path, monkeypatch, rate, n):
+    """Lengths that 16 kHz does not divide: librosa rounds the length up (zero padded), and so do
+    both decoders (a one-sample file is one sample, not an empty file)."""
+    import librosa
+
+    import glm_asr.audio as audio
+
+    monkeypatch.setattr(audio, "BLOCK_SECONDS", 1)
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 0.1
+    sf.write(tmp_path / "a.wav", x, rate, subtype="FLOAT")
+    encode(tmp_path / "a.mkv", [("pcm_f32le", x)], rate=rate)
+    want = librosa.resample(x, orig_sr=rate, target_sr=16000)
+    for f in ("a.wav", "a.mkv"):
+        np.testing.assert_array_equal(np.concatenate(list(Audio(str(tmp_path / f)))), want)
+
+
 def test_expand_inputs_folders_globs_and_extensions(tmp_path):
     (tmp_path / "b" / "c").mkdir(parents=True)
     for f in ("z.wav", "b/a.M4A", "b/c/y.mp4", "b/notes.txt"):

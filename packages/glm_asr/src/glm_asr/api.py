@@ -156,8 +156,9 @@ class SpeechRecognizer:
             sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
                                                                           options, ignore_eos, fallback=guard):
-                if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)):
-                    msg = str(result)
+                if isinstance(result, Exception):       # this input's failure: the others go on
+                    msg = str(result) if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)) \
+                        else f"{type(result).__name__}: {result}"
                     yield Transcript(name, error=msg if msg.startswith(name) else f"{name}: {msg}")
                 elif isinstance(result, BaseException):
                     raise result

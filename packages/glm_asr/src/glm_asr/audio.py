@@ -3,7 +3,8 @@ video, webm, aac, wma, ...), standard input, folders and glob patterns; out: 16 
 samples in blocks, so memory does not grow with a file's length.
 
 Channels are averaged to mono and other rates resampled with soxr's streaming resampler at
-librosa's default quality (the same samples librosa.resample gives for the whole file).
+librosa's default quality: the samples librosa.resample gives for the whole file, as many (its
+length rounds up, zero padded).
 """
 from __future__ import annotations
 
@@ -79,8 +80,9 @@ class Audio:
             f = soundfile.SoundFile(str(p))
         except Exception:       # not a format libsndfile knows: FFmpeg's turn
             return None
-        short = re.search(r"data\s*:\s*(\d+) \(should be (\d+)\)", f.extra_info)   # libsndfile's note on a cut-short file
-        if short and int(short.group(2)) < int(short.group(1)):
+        # libsndfile's note on a cut-short file
+        short = re.search(r"data\s*:\s*(\d+) \(should be (\d+)\)", f.extra_info)
+        if short and 0 < int(short.group(2)) < int(short.group(1)):     # (0: no samples, said when read)
             got = f.frames / f.samplerate
             print(f"warning: {self.name}: truncated: its header claims "
                   f"{got * int(short.group(1)) / int(short.group(2)):.2f} s, {got:.2f} s read", file=sys.stderr)
@@ -92,6 +94,7 @@ class Audio:
         with f:
             rs = _resampler(f.samplerate)
             size = BLOCK_SECONDS * f.samplerate
+            n_in = n_out = 0
             while True:
                 try:
                     data = f.read(size, dtype="float32", always_2d=True)
@@ -99,8 +102,11 @@ class Audio:
                     raise AudioError(f"{name}: not a readable audio file ({_first_line(e)})") from None
                 last = len(data) < size
                 mono = data.mean(axis=1)
+                n_in += len(mono)
                 if rs is not None:
                     mono = rs.resample_chunk(mono, last=last)
+                    mono = _ended(mono, n_in, n_out, f.samplerate) if last else mono
+                    n_out += len(mono)
                 if len(mono):
                     yield np.ascontiguousarray(mono, dtype=np.float32)
                 if last:
@@ -140,7 +146,7 @@ class Audio:
     def _av_blocks(container, stream, name: str) -> Iterator[np.ndarray]:
         import av
 
-        rs, pending, have = None, [], 0
+        rs, pending, have, n_in, n_out, rate = None, [], 0, 0, 0, SAMPLE_RATE
         try:
             with container:
                 for frame in container.decode(stream):
@@ -152,16 +158,18 @@ class Audio:
                         half = float(1 << (8 * data.dtype.itemsize - 1))
                         mono = (mono - half if data.dtype.kind == "u" else mono) / half
                     if rs is None:
-                        rs = _resampler(frame.sample_rate)
+                        rate, rs = frame.sample_rate, _resampler(frame.sample_rate)
+                    n_in += len(mono)
                     pending.append(mono if rs is None else rs.resample_chunk(mono))
                     have += len(pending[-1])
                     if have >= BLOCK_SECONDS * SAMPLE_RATE:
                         yield np.concatenate(pending)
-                        pending, have = [], 0
+                        pending, n_out, have = [], n_out + have, 0
         except av.error.FFmpegError as e:
             raise AudioError(f"{name}: cannot decode ({_first_line(e)})") from None
         if rs is not None:
-            pending.append(rs.resample_chunk(np.zeros(0, np.float32), last=True))
+            pending = [np.concatenate(pending + [rs.resample_chunk(np.zeros(0, np.float32), last=True)])]
+            pending = [_ended(pending[0], n_in, n_out, rate)]
         if pending and sum(map(len, pending)):
             yield np.concatenate(pending).astype(np.float32)
 
@@ -173,6 +181,13 @@ def _resampler(rate: int):
     import soxr
 
     return soxr.ResampleStream(rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+
+
+def _ended(tail: np.ndarray, n_in: int, n_out: int, rate: int) -> np.ndarray:
+    """A resampled stream's last samples, zero padded (or cut) to the length librosa.resample
+    gives n_in samples at `rate` (n_out samples came before them)."""
+    want = int(np.ceil(n_in * (SAMPLE_RATE / rate))) - n_out
+    return tail[:want] if len(tail) >= want else np.concatenate([tail, np.zeros(want - len(tail), np.float32)])
 
 
 def _first_line(e: Exception) -> str:
