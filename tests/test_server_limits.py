@@ -68,6 +68,9 @@ BAD = [  # (body fields, the param the 400 names)
     ({"frequency_penalty": 2.5}, "frequency_penalty"), ({"logit_bias": {str(VOCAB): 1}}, "logit_bias"),
     ({"logit_bias": {"1": float("nan")}}, "logit_bias"), ({"logit_bias": {"-1": 1}}, "logit_bias"),
     ({"logit_bias": [1, 2]}, "logit_bias"), ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias"), ({"logit_bias": {"\u0661": 1}}, "logit_bias"),
+    ({"top_p": 1e-46}, "top_p"), ({"repetition_penalty": 1e-46}, "repetition_penalty"),     # 0 as float32
+    ({"repetition_penalty": 1e-40}, "repetition_penalty"),
 ]
 
 

@@ -104,14 +104,13 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
                              temperature=0.8, seed=2, logit_bias={"7": 4.0, "9": -100.0},
                              extra_body={"min_p": 0.05, "top_k": 0}).choices[0]
     assert r.text == want.text and 9 not in want.tokens
-    status, tok = post(gpt_server.url("/tokenize"), json.dumps({"prompt": "To be"}).encode(),
-                       {"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    status, tok = post(gpt_server.url("/tokenize"), json.dumps({"prompt": "To be"}).encode(), headers)
     assert status == 200 and json.loads(tok)["tokens"] == lm.encode(["To be"])[0]
     status, text = post(gpt_server.url("/detokenize"), json.dumps({"tokens": json.loads(tok)["tokens"]}).encode(),
-                        {"content-type": "application/json"})
+                        headers)
     assert status == 200 and json.loads(text)["prompt"] == "To be"
-    status, bad = post(gpt_server.url("/detokenize"), json.dumps({"tokens": [10 ** 9]}).encode(),
-                       {"content-type": "application/json"})
+    status, bad = post(gpt_server.url("/detokenize"), json.dumps({"tokens": [10 ** 9]}).encode(), headers)
     assert status == 400 and bad["error"]["param"] == "tokens"
     status, info = get(gpt_server.url("/tokenizer_info"))
     assert status == 200 and json.loads(info)["eos_token"] == "<|endoftext|>"
@@ -158,6 +157,13 @@ def test_gpt_errors(gpt_server, gpt_locked):
     with pytest.raises(openai.AuthenticationError):
         gpt_locked.client("wrong").completions.create(model="tiny", prompt="x", max_tokens=2)
     assert gpt_locked.client("secret").completions.create(model="tiny", prompt="x", max_tokens=2).choices
+    for path in ("/tokenize", "/detokenize"):       # the api_key guards every path but the probes'
+        status, err = post(gpt_locked.url(path), b"{}", {"content-type": "application/json"})
+        assert status == 401 and err["error"]["code"] == "invalid_api_key"
+        status, err = post(gpt_locked.url(path), b"{}", {"content-type": "application/json",
+                                                         "authorization": "Bearer secret"})
+        assert status == 400
+    assert get(gpt_locked.url("/tokenizer_info"))[0] == 401 and get(gpt_locked.url("/health"))[0] == 200
     # still fine after all that
     assert c.completions.create(model="tiny", prompt="To be", max_tokens=3, temperature=0).choices[0].text is not None
 

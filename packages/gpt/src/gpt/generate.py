@@ -29,7 +29,8 @@ MAX_PROMPT_FILE = 16 * 2 ** 20
 # the options generate and serve share (serve: each request's defaults), as Sampling takes them
 SHARED_OPTIONS = {"max_new_tokens": Int(min=1), "temperature": Float(min=0, max=MAX_TEMPERATURE),
                   "top_k": Int(min=0, max=INT32_MAX), "top_p": Float(gt=0, max=1),
-                  "repetition_penalty": Float(gt=0, max=MAX_PENALTY), "seed": OptInt(min=0, max=MAX_SEED),
+                  "repetition_penalty": Float(min=1 / MAX_PENALTY, max=MAX_PENALTY),
+                  "seed": OptInt(min=0, max=MAX_SEED),
                   "num_samples": Int(min=1), "max_batch": Int(min=1), "device": Device, "precision": Precision}
 GENERATE_OPTIONS = {**SHARED_OPTIONS, "prompt_file": OptStr, "profile": Bool}
 

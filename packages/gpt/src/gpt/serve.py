@@ -40,7 +40,8 @@ from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options
 
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics,
-                                        check_model, make_app, new_id, read_body, run_server, submit, wait)
+                                        check_model, error_body, make_app, new_id, read_body, run_server, submit,
+                                        wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
 from .api import GPTError, LanguageModel, load
@@ -100,7 +101,8 @@ class CompletionRequest:
         try:
             check_seed(self.seed)
             self.sampling = Sampling(float(get("temperature", defaults["temperature"], float)),
-                                     get("top_k", defaults["top_k"], int), float(get("top_p", defaults["top_p"], float)),
+                                     get("top_k", defaults["top_k"], int),
+                                     float(get("top_p", defaults["top_p"], float)),
                                      float(get("repetition_penalty", defaults["repetition_penalty"], float)),
                                      self.logprobs, self.logprobs if self.echo else None,
                                      float(get("min_p", 0.0, float)), float(get("presence_penalty", 0.0, float)),
@@ -135,7 +137,7 @@ def _logit_bias(bias, vocab: int) -> tuple[tuple[int, float], ...]:
         raise APIError(400, f"logit_bias must be an object of at most {MAX_BIASES} token ids", "logit_bias")
     out = []
     for k, v in bias.items():
-        if not (isinstance(k, str) and k.isdigit() and int(k) < vocab):
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and int(k) < vocab):
             raise APIError(400, f"logit_bias: token ids must be in [0, {vocab}), got {k!r}", "logit_bias")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
             raise APIError(400, f"logit_bias values must be numbers in [-100, 100], got {v!r}", "logit_bias")
@@ -261,14 +263,18 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         return StreamingResponse(_events(request, job, req, rid, created, model_id, lm.tokenizer),
                                  media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        body = _json_object(await read_body(request, max_bytes, "max_request_mb"))
+    def tokens(raw: bytes) -> dict:
+        body = _json_object(raw)
         text = body.get("prompt")
         if not isinstance(text, str):
             raise APIError(400, "prompt must be a string", "prompt")
         ids = lm.tokenizer.encode(_utf8("prompt", text)).ids
         return {"tokens": ids, "count": len(ids), "max_model_len": lm.model.max_positions}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        raw = await read_body(request, max_bytes, "max_request_mb")
+        return tokens(raw) if len(raw) <= INLINE_BYTES else await asyncio.to_thread(tokens, raw)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -366,9 +372,8 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
         """The chunks after the last text: finish_reason per choice, usage, [DONE] (or the error)."""
         try:
             outs = _kept(req, job.future.result())
-        except Exception as e:  # noqa: BLE001 - the headers are gone: report it in the stream
-            return "data: " + json.dumps({"error": {"message": str(e), "type": "invalid_request_error",
-                                                    "param": None, "code": None}}) + "\n\ndata: [DONE]\n\n"
+        except Exception as e:  # noqa: BLE001 - the headers are gone: said in the stream, a server error as unstreamed
+            return "data: " + json.dumps(error_body(500, str(e))) + "\n\ndata: [DONE]\n\n"
         tail = [chunk(i, "", c.finish_reason, scores(i)) for i, c in enumerate(outs)]
         if req.include_usage:
             tail.append("data: " + json.dumps({"id": rid, "object": "text_completion", "created": created,

@@ -19,7 +19,7 @@ INT32_MAX = 2 ** 31 - 1
 
 
 MAX_TEMPERATURE = 100.0       # past it every distribution is flat to float32's precision
-MAX_PENALTY = 100.0
+MAX_PENALTY = 100.0           # repetition_penalty in [1 / MAX_PENALTY, MAX_PENALTY] (float32 logits overflow past)
 MAX_OPENAI_PENALTY = 2.0      # presence and frequency penalties: OpenAI's range
 MAX_BIAS = 100                # logit_bias values: OpenAI's range
 MAX_SEED = 2 ** 63 - 1
@@ -41,12 +41,13 @@ class Sampling:
     def __post_init__(self):
         if not 0 <= self.temperature <= MAX_TEMPERATURE:      # NaN fails every comparison
             raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not 0 < np.float32(self.top_p) <= 1:       # as the kernels hold it (1e-50 is 0 there)
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.top_k <= INT32_MAX:
             raise ValueError(f"top_k must be in [0, {INT32_MAX}], got {self.top_k}")
-        if not 0 < self.repetition_penalty <= MAX_PENALTY:
-            raise ValueError(f"repetition_penalty must be in (0, {MAX_PENALTY:g}], got {self.repetition_penalty}")
+        if not 1 / MAX_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            raise ValueError(f"repetition_penalty must be in [{1 / MAX_PENALTY:g}, {MAX_PENALTY:g}], "
+                             f"got {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= MAX_TOP):

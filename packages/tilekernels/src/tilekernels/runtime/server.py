@@ -260,8 +260,11 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+OPEN = ("/health", "/metrics")      # the paths an api_key does not guard (probes, scrapers)
+
+
 class AuthAndMetrics:
-    """The api_key check on /v1/* and each request's count and latency (a stream's ends with its
+    """The api_key check (every path but OPEN's) and each request's count and latency (a stream's ends with its
     last chunk), as a plain ASGI middleware: Starlette's BaseHTTPMiddleware (@app.middleware)
     passes every chunk of a stream through a memory stream of its own, a third of the event
     loop's time in a profile of gpt.serve under 64 streaming clients."""
@@ -273,7 +276,7 @@ class AuthAndMetrics:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        if self.api_key and scope["path"].startswith("/v1"):
+        if self.api_key and scope["path"] not in OPEN:
             auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if auth != f"Bearer {self.api_key}":
                 self.metrics.requests.labels("unauthorized", "401").inc()
@@ -299,7 +302,7 @@ class AuthAndMetrics:
 def make_app(title: str, model_id: str, metrics: Metrics, worker: Callable[[], Any], api_key: str | None = None,
              owned_by: str = "tilekernels") -> tuple[FastAPI, Callable]:
     """A FastAPI app with /health, /metrics, /v1/models, OpenAI-shaped errors for every failure
-    (unknown routes included) and the api_key check on /v1/*; worker() (an EngineWorker, or the
+    (unknown routes included) and the api_key check on all but /health and /metrics; worker() (an EngineWorker, or the
     model's own: submit(job), stop(), max_queue) starts with the app and stops (after the requests
     in flight) when it shuts down. Returns (app, the worker)."""
     state: dict = {}
