@@ -599,6 +599,10 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
                            "invalid_value"),
                           ({"type": "session.update", "session": {"turn_detection": {"eagerness": "low"}}},
                            "invalid_value"),
+                          ({"type": "session.update", "session": {"turn_detection": {"prefix_padding_ms": 1e305}}},
+                           "invalid_value"),
+                          ({"type": "input_audio_buffer.append", "audio": b64(np.zeros(8 << 20, "<i2"))},
+                           "invalid_value"),                      # 16 MiB: past OpenAI's 15, said, not closed
                           ({"type": "session.update", "session": {"input_sample_rate": 12345}}, "invalid_value")):
             send(**bad)
             got = event()
@@ -606,6 +610,7 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
         ws.send(b"\x00\x01")
         assert event()["error"]["code"] == "invalid_event"
         send(type="input_audio_buffer.commit")          # nothing appended: nothing happens
+        send(type="input_audio_buffer.append", audio=b64(np.zeros(7 << 20, "<i2")))     # 14 MiB: taken
         send(type="input_audio_buffer.append", audio=b64(pcm[:3000]))
         send(type="input_audio_buffer.clear")
         assert event()["type"] == "input_audio_buffer.cleared"
@@ -623,10 +628,8 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
         assert [(s["start"], s["end"], s["text"]) for s in e["segments"]] == [
             (s["start"], s["end"], s["text"]) for s in json.loads(want)["segments"]]
         send(type="session.update", session={"input_audio_transcription": {"prompt": "word " * 2000}})
-        assert event()["type"] == "session.updated"
+        assert event()["error"]["param"] == "session.input_audio_transcription.prompt"   # no room left: refused
         send(type="input_audio_buffer.append", audio=b64(pcm[:24000]))
-        send(type="input_audio_buffer.commit")          # the context leaves no room: refused, the audio kept
-        assert event()["error"]["param"] == "session.input_audio_transcription.prompt"
         send(type="session.update", session={"input_audio_transcription": {"prompt": "Ophelia"}})
         event()
         send(type="input_audio_buffer.commit")

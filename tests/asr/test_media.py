@@ -85,6 +85,16 @@ def test_blocks_are_bounded_and_rejoin_to_the_whole(tmp_path, monkeypatch):
     np.testing.assert_array_equal(whole, librosa.resample(x, orig_sr=44100, target_sr=16000))
 
 
+def test_a_file_sampled_too_slowly_is_refused(tmp_path):
+    """A 4 KB WAV whose header says 1 Hz would resample to over an hour: refused, by both
+    decoders, before any work."""
+    sf.write(tmp_path / "slow.wav", np.zeros(4000, np.float32), 1)
+    encode(tmp_path / "slow.mkv", [("pcm_s16le", np.zeros(4000, np.float32))], rate=1000)
+    for f in ("slow.wav", "slow.mkv"):
+        with pytest.raises(AudioError, match="Hz is needed"):
+            Audio(str(tmp_path / f))
+
+
 @pytest.mark.parametrize("rate,n", [(44100, 1), (48000, 144013), (22050, 3 * 22050 + 13), (8000, 7)])
 def test_resampled_as_many_samples_as_librosa_gives(tmp_path, monkeypatch, rate, n):
     """Lengths that 16 kHz does not divide: librosa rounds the length up (zero padded), and so do

@@ -79,7 +79,8 @@ def test_options_are_faster_whispers_with_a_30s_window():
 @pytest.mark.parametrize("kwargs", [dict(threshold=0), dict(threshold=1.2), dict(threshold="x"),
                                     dict(neg_threshold=0.7), dict(max_speech_duration_s=31),
                                     dict(max_speech_duration_s=math.inf), dict(min_silence_duration_ms=-1),
-                                    dict(speech_pad_ms=float("nan"))])
+                                    dict(speech_pad_ms=float("nan")), dict(speech_pad_ms=1e305),
+                                    dict(min_silence_duration_ms=600_001), dict(min_speech_duration_ms=1e20)])
 def test_bad_options_are_refused_with_their_name(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         VadOptions(**kwargs)

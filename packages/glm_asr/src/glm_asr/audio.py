@@ -20,6 +20,7 @@ from typing import Iterator
 import numpy as np
 
 SAMPLE_RATE = 16000
+MIN_RATE = 4000             # Hz: slower files hold no speech, and a few bytes of one would resample to hours
 BLOCK_SECONDS = 30          # samples handed on at a time (about 2 MB at 16 kHz)
 EXTENSIONS = ("wav", "flac", "ogg", "oga", "opus", "mp3", "m4a", "aac", "wma", "aiff", "aif", "caf", "amr",
               "mp4", "m4v", "mov", "mkv", "webm", "avi", "wmv", "flv", "mpg", "mpeg", "ts", "3gp")
@@ -87,6 +88,7 @@ class Audio:
             print(f"warning: {self.name}: truncated: its header claims "
                   f"{got * int(short.group(1)) / int(short.group(2)):.2f} s, {got:.2f} s read", file=sys.stderr)
         self.seconds, self._handle = f.frames / f.samplerate, f
+        _check_rate(f.samplerate, self.name, f)
         return self._soundfile_blocks(f, self.name)
 
     @staticmethod
@@ -132,6 +134,7 @@ class Audio:
             container.close()
             raise AudioError(f"{self.name}: audio_stream={k}, but the file has {len(streams)} audio stream(s)")
         stream = streams[k]
+        _check_rate(stream.rate or SAMPLE_RATE, self.name, container)
         start = container.start_time / 1e6 if container.start_time is not None else 0.0
         if stream.start_time is not None:
             self.offset_s = max(0.0, float(stream.start_time * stream.time_base) - start)
@@ -172,6 +175,13 @@ class Audio:
             pending = [_ended(pending[0], n_in, n_out, rate)]
         if pending and sum(map(len, pending)):
             yield np.concatenate(pending).astype(np.float32)
+
+
+def _check_rate(rate: int, name: str, handle) -> None:
+    """Refuse (and close) a file sampled under MIN_RATE."""
+    if rate < MIN_RATE:
+        handle.close()
+        raise AudioError(f"{name}: sampled at {rate} Hz; at least {MIN_RATE} Hz is needed to hear speech")
 
 
 def _resampler(rate: int):

@@ -25,6 +25,7 @@ import base64
 import binascii
 import itertools
 import json
+import logging
 
 import dataclasses
 from typing import Callable
@@ -42,6 +43,7 @@ from .vad.live import Feeder, LiveVad, Speech
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+log = logging.getLogger("glm_asr.realtime")
 FEEDER = Feeder()                # every session's live VAD, fed together (one encoder chain a round)
 OPENAI_VAD = {"threshold": "threshold", "silence_duration_ms": "min_silence_duration_ms",
               "prefix_padding_ms": "speech_pad_ms"}     # OpenAI's server_vad fields: ours
@@ -55,9 +57,8 @@ class SessionError(Exception):
         self.code, self.param = code, param
 
 
-def pcm16(audio, rate: int) -> np.ndarray:
-    """float32 samples at 16 kHz of base64 little-endian mono int16 at `rate` (whole-buffer
-    resampling, as a file of the same samples is read)."""
+def pcm16(audio) -> np.ndarray:
+    """The int16 samples of base64 little-endian mono int16 (checked)."""
     if not isinstance(audio, str):
         raise SessionError("audio must be a base64 string", param="audio")
     try:
@@ -68,10 +69,12 @@ def pcm16(audio, rate: int) -> np.ndarray:
         raise SessionError(f"an append carries at most {MAX_APPEND_BYTES >> 20} MiB of audio", param="audio")
     if len(raw) % 2:
         raise SessionError("pcm16 audio has an even number of bytes", param="audio")
-    return np.frombuffer(raw, "<i2").astype(np.float32) / 32768
+    return np.frombuffer(raw, "<i2")
 
 
 def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
+    """float32 samples at 16 kHz of int16 ones at `rate` (resampled whole, as a file is read)."""
+    x = x.astype(np.float32) / 32768
     if rate == SAMPLE_RATE or not len(x):
         return x
     import librosa
@@ -80,12 +83,14 @@ def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
 
 
 class Session:
-    """One WebSocket's state: its settings, the audio not yet committed (push-to-talk: float32 at
-    the input rate, at most max_bytes of pcm16; server_vad: the live VAD's, bounded the same way)
+    """One WebSocket's state: its settings, the audio not yet committed (push-to-talk: pcm16 as
+    sent, at most max_bytes; server_vad: the live VAD's, bounded the same way)
     and the items being transcribed. vad: the server's vad_options, server_vad's defaults."""
 
-    def __init__(self, send, worker, make_job, max_bytes: int, vad: VadOptions | None = None):
+    def __init__(self, send, worker, make_job, max_bytes: int, vad: VadOptions | None = None,
+                 check_context: Callable[[str], object] | None = None):
         self.send, self.worker, self.make_job, self.max_bytes = send, worker, make_job, max_bytes
+        self.check_context = check_context      # raises for a context the server refuses (too long)
         self.vad_defaults = vad or VadOptions()
         self.rate: int | None = None        # set by the session update
         self.context: str | None = None     # input_audio_transcription.prompt: the instruction's context
@@ -117,9 +122,9 @@ class Session:
         elif kind == "input_audio_buffer.append":
             if self.rate is None:
                 raise SessionError("send transcription_session.update before audio", "session_not_set_up")
-            x = pcm16(event.get("audio"), self.rate)
+            x = pcm16(event.get("audio"))
             if self.turns is not None:
-                await self.hear(self.resample(x))
+                await self.hear(self.resample(x.astype(np.float32) / 32768))
                 return
             if 2 * (sum(len(b) for b in self.buffer) + len(x)) > self.max_bytes:
                 raise SessionError("the buffer is full (max_upload_mb): commit or clear it", "buffer_full", "audio")
@@ -154,6 +159,11 @@ class Session:
         if context is not None and not isinstance(context, str):
             raise SessionError("input_audio_transcription.prompt must be a string",
                                param="session.input_audio_transcription.prompt")
+        if context is not None and self.check_context is not None:
+            try:
+                self.check_context(context)
+            except Exception as e:  # noqa: BLE001 - refused now, not at each item's commit
+                raise SessionError(str(e), param="session.input_audio_transcription.prompt") from None
         pending = self.buffer or (self.live is not None and self.live.n)
         if pending and (rate != self.rate or turns != self.turns):
             raise SessionError("commit or clear the audio before changing input_sample_rate or turn_detection",
@@ -217,8 +227,10 @@ class Session:
         if self.live is None or not self.live.n:
             return
         live, self.live = self.live, None
-        await self.announce(await asyncio.wrap_future(FEEDER.submit(live, None)))
-        await self.passed(live.n)
+        try:
+            await self.announce(await asyncio.wrap_future(FEEDER.submit(live, None)))
+        finally:
+            await self.passed(live.n)       # the next stream's times follow this one's, whatever happened
 
     async def passed(self, n: int) -> None:
         """The stream's n samples are behind the session (ended or cleared): a turn still open
@@ -229,7 +241,10 @@ class Session:
     async def announce(self, events: list) -> None:
         for e in events:
             if isinstance(e, Speech):
-                await self.speech(e)
+                try:
+                    await self.speech(e)
+                except SessionError as err:             # this item refused: the stream's others go on
+                    await self.send(error_event(str(err), err.code, err.param))
             elif e[0] == "started":
                 await self.started(self.offset + e[1])
             else:                                       # dropped: too short to keep
@@ -261,7 +276,7 @@ class Session:
         """Transcribe the buffer as one item (nothing appended since the last commit: nothing)."""
         if not self.buffer:
             return
-        samples = to_16k(np.concatenate(self.buffer), self.rate)
+        samples = await asyncio.to_thread(to_16k, np.concatenate(self.buffer), self.rate)   # off the event loop
         await self.transcribe_item(f"item_{next(self.items):04d}", samples)
         self.buffer = []
 
@@ -341,6 +356,10 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
                 await session.handle(message["text"])
             except SessionError as e:
                 await send(error_event(str(e), e.code, e.param))
+            except Exception as e:  # noqa: BLE001 - not the client's fault: said as a server error, logged
+                log.exception("realtime event failed")
+                await send({"type": "error", "error": {"type": "server_error", "code": "internal_error",
+                                                       "message": f"{type(e).__name__}: {e}", "param": None}})
     finally:
         open_[0] = False
         session.close()

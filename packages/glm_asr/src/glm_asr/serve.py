@@ -301,7 +301,8 @@ def add_realtime(app, s: Served, api_key: str | None) -> None:
 
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket):
-        await serve_socket(ws, api_key, lambda send: Session(send, s.worker, make_job, s.max_bytes, vad))
+        await serve_socket(ws, api_key, lambda send: Session(send, s.worker, make_job, s.max_bytes, vad,
+                                                             lambda c: s.instruction({"prompt": c})))
 
 
 async def transcript_events(request: Request, job: Job, readable: bool):

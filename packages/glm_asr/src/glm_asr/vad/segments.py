@@ -15,6 +15,10 @@ CHAPTER_S = 120.0           # speech going on longer is closed at a pause near t
 CHAPTER_FRAMES = int(CHAPTER_S * SAMPLE_RATE) // FRAME
 
 
+MAX_MS = {"min_speech_duration_ms": 86_400_000, "min_silence_duration_ms": 600_000,    # a day; ten minutes
+          "speech_pad_ms": 60_000}            # past these no file changes (a pad is cut at 30 s anyway)
+
+
 @dataclass
 class VadOptions:
     """Named and defaulted as faster-whisper's VadOptions, except max_speech_duration_s: the 30 s
@@ -50,9 +54,9 @@ class VadOptions:
             bad("threshold", "between 0 and 1")
         if self.neg_threshold is not None and not 0 < number("neg_threshold") <= self.threshold:
             bad("neg_threshold", f"in (0, threshold={self.threshold}]")
-        for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
-            if number(name) < 0:
-                bad(name, ">= 0")
+        for name, top in MAX_MS.items():
+            if not 0 <= number(name) <= top:
+                bad(name, f"from 0 to {top}")
         if not 1 <= number("max_speech_duration_s") <= MAX_WINDOW_S:
             bad("max_speech_duration_s", f"between 1 and {MAX_WINDOW_S:g} (the encoder's window)")
 

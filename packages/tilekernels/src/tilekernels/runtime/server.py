@@ -433,6 +433,9 @@ async def read_body(request: Request, max_bytes: int, option: str) -> bytes:
         raise too_large(max_bytes, option) from None
 
 
+WS_MAX_BYTES = 24 << 20     # a WebSocket message at most: OpenAI's 15 MiB append, base64 (20 MiB), and its JSON
+
+
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_keep_alive: float = 5,
           timeout_read: float = 15) -> None:
     """Run app on uvicorn until SIGINT/SIGTERM: it stops accepting, lets the running requests
@@ -446,7 +449,8 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_k
 
     freeze_heap()       # what loading and warm-up built: out of the collector's full passes
     config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None,
-                            http=timed_h11(timeout_read), timeout_keep_alive=timeout_keep_alive)
+                            http=timed_h11(timeout_read), timeout_keep_alive=timeout_keep_alive,
+                            ws_max_size=WS_MAX_BYTES)
     uvicorn.Server(config).run()
 
 
