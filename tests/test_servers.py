@@ -559,6 +559,11 @@ def test_asr_live_client_prints_the_files_segments(asr_server, tiny, tmp_path):
     r = subprocess.run([*live, str(wav), "url=ws://127.0.0.1:9/v1/realtime"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and r.stderr.startswith("error: cannot connect to") and len(r.stderr.splitlines()) == 1
+    (tmp_path / "junk.wav").write_bytes(b"RIFF" + bytes(100))
+    for bad, server in ((tmp_path / "missing.wav", url), (tmp_path / "junk.wav", url),
+                        (tmp_path / "missing.wav", "url=ws://127.0.0.1:9/v1/realtime")):   # the file's error first
+        r = subprocess.run([*live, str(bad), server], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.splitlines() == [r.stderr.strip()] and bad.name in r.stderr, r.stderr
 
 
 def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):

@@ -38,15 +38,16 @@ def clock(seconds: float) -> str:
     return f"{int(m) // 60:02d}:{int(m) % 60:02d}:{s:06.3f}"
 
 
-async def pieces(path: str, rate: int, audio_stream: int | None) -> AsyncIterator[bytes]:
-    """pcm16 bytes of PIECE_S each: a file's samples (read at 16 kHz), or standard input's."""
-    if path == "-":
+async def pieces(audio: Audio | None, rate: int) -> AsyncIterator[bytes]:
+    """pcm16 bytes of PIECE_S each: an opened file's samples (read at 16 kHz), or (None) standard
+    input's."""
+    if audio is None:
         size = 2 * max(1, round(rate * PIECE_S))
         while data := await asyncio.to_thread(sys.stdin.buffer.read, size):
             yield data[: len(data) - len(data) % 2]
         return
     step = round(SAMPLE_RATE * PIECE_S)
-    with Audio(path, audio_stream) as audio:
+    with audio:
         rest = np.zeros(0, np.float32)
         for block in audio:
             rest = np.concatenate([rest, block])
@@ -73,35 +74,44 @@ async def stream(o: dict, path: str, out=sys.stdout) -> int:
     session = {"input_audio_format": "pcm16", "input_sample_rate": rate, "turn_detection": turn}
     if o["context"]:
         session["input_audio_transcription"] = {"prompt": o["context"]}
+    audio = None if path == "-" else Audio(path, o["audio_stream"])     # a bad file fails here, before connecting
     try:
         ws = await connect(o["url"], additional_headers=headers, max_size=None, open_timeout=30)
     except Exception as e:  # noqa: BLE001 - refused, unreachable, not a WebSocket: one line
+        if audio is not None:
+            audio.close()
         raise OSError(f"cannot connect to {o['url']}: {e}") from None
     from websockets.exceptions import ConnectionClosed
 
     try:
         async with ws:
-            return await session_run(ws, o, path, rate, session, out)
+            return await session_run(ws, audio, rate, session, out, o)
     except ConnectionClosed as e:
         raise OSError(f"the server closed the connection ({e})") from None
 
 
-async def session_run(ws, o: dict, path: str, rate: int, session: dict, out) -> int:
-    """Set the session up, send the audio at its pace while the printer shows what comes back."""
+async def session_run(ws, audio: Audio | None, rate: int, session: dict, out, o: dict) -> int:
+    """Set the session up, send the audio at its pace while the printer shows what comes back
+    (stopped, and waited for, if the sending fails: its error is the one said)."""
     await ws.recv()                                         # transcription_session.created
     await ws.send(json.dumps({"type": "transcription_session.update", "session": session}))
     reply = json.loads(await ws.recv())
     if reply["type"] == "error":
         raise ValueError(reply["error"]["message"])
     printer = asyncio.ensure_future(show(ws, o["timestamps"], out))
-    start, sent = time.monotonic(), 0
-    async for data in pieces(path, rate, o["audio_stream"]):
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}))
-        sent += len(data) // 2
-        if o["speed"] > 0:
-            await asyncio.sleep(max(0.0, start + sent / rate / o["speed"] - time.monotonic()))
-    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))     # the end: the last speech is final
-    await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))      # its reply follows every commit
+    try:
+        start, sent = time.monotonic(), 0
+        async for data in pieces(audio, rate):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()}))
+            sent += len(data) // 2
+            if o["speed"] > 0:
+                await asyncio.sleep(max(0.0, start + sent / rate / o["speed"] - time.monotonic()))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))     # the end: the last speech is final
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))      # its reply follows every commit
+    except BaseException:
+        printer.cancel()
+        await asyncio.gather(printer, return_exceptions=True)
+        raise
     return await printer
 
 
