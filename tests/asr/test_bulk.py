@@ -216,10 +216,14 @@ def test_every_transcribe_option_is_a_bulk_option():
     (["manifest=MANIFEST", "output_dir=OUT", "extensions=[]"], "extensions must name at least one"),
     (["manifest=MANIFEST", "output_dir=OUT", "temperature=[0,-0.5]"], "temperature must be a number from 0"),
     (["manifest=MANIFEST", "output_dir=OUT", "compression_ratio_threshold=0"], "compression_ratio_threshold must be"),
+    (["manifest=MANIFEST", "output_dir=UNDER_A_FILE"], "is not a directory"),
+    (["manifest=MANIFEST", "output_dir=OUT", "profile=true"], "profile=true is transcribe's"),
+    (["manifest=MANIFEST", "output_dir=OUT", "workers=100000"], "workers must be an integer from 1 to 1024"),
 ])
 def test_bad_options_are_refused_before_any_work(overrides, message, corpus, tmp_path):
     (tmp_path / "empty.txt").write_text("# nothing\n\n")
-    subs = {"MANIFEST": str(corpus / "manifest.txt"), "EMPTY": str(tmp_path / "empty.txt"), "OUT": str(tmp_path / "o")}
+    subs = {"MANIFEST": str(corpus / "manifest.txt"), "EMPTY": str(tmp_path / "empty.txt"), "OUT": str(tmp_path / "o"),
+            "UNDER_A_FILE": str(tmp_path / "empty.txt" / "o")}
     cfg = compose(*[o.split("=")[0] + "=" + subs.get(o.split("=", 1)[1], o.split("=", 1)[1]) for o in overrides])
     with pytest.raises(ValueError, match=message):
         bulk.run(cfg)
@@ -296,9 +300,13 @@ def test_visible_gpus_follows_cuda_visible_devices(monkeypatch):
 def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
     """write_atomic's .<name>.<random> files of this manifest's outputs (a worker killed mid-write),
     and nothing else."""
-    for f in [".long.json.k2j3h4", "long.json", ".other.json.abc", ".long.json", "x.txt"]:
+    from glm_asr.formats import temporary_stem
+
+    very = "v" * 240 + ".txt"       # a name whose temporary is named by its start and a digest
+    for f in [".long.json.k2j3h4", "long.json", ".other.json.abc", ".long.json", "x.txt",
+              f".{temporary_stem(very)}.q8w7e6"]:
         (tmp_path / f).write_text("")
-    bulk_cli._remove_stale_temporaries(tmp_path, {"long.json", "x.txt"})
+    bulk_cli._remove_stale_temporaries(tmp_path, {"long.json", "x.txt", very})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
 
 

@@ -158,6 +158,15 @@ def test_a_wav_cut_after_its_header_is_one_error_and_the_others_go_on(tiny, audi
     assert r.stdout.count("\n") == 2
 
 
+def test_an_output_name_near_the_file_systems_limit_is_written(tmp_path):
+    """A 250-byte output name fits (255); its temporary, named after it, must fit too."""
+    from glm_asr.formats import write_atomic
+
+    path = tmp_path / ("x" * 246 + ".txt")
+    write_atomic(path, "text\n")
+    assert path.read_text() == "text\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_unwritable_output_names_the_output_and_keeps_the_others(tiny, audio_dir, tmp_path):
     """An output that cannot be written (its name taken by a directory: fails as root too) gets one
     error line naming the output path (not the hidden temporary file); the other input's output is
@@ -181,3 +190,7 @@ def test_output_dir_that_is_a_file_is_refused_before_any_work(tiny, audio_dir, t
     r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", "device=cpu", f"output_dir={blocker}")
     assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "output_dir" in r.stderr, r.stderr
     assert blocker.read_text() == "a file, not a directory"
+    r = cli(audio_dir / "speech16k.wav", f"model.path={tiny}", "vad=none", "device=cpu",
+            f"output_dir={blocker / 'sub'}")       # cannot be made: said before the model loads, not after the work
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "is not a directory" in r.stderr, r.stderr
+    assert "model loaded" not in r.stderr

@@ -148,7 +148,8 @@ def test_speech_windows_of_silence_decode_nothing():
 
 @pytest.mark.parametrize("arg,message", [("vad=webrtc", "vad must be one of silero, none"),
                                          ("vad_options.threshold=2", "vad_options.threshold must be between"),
-                                         ("+vad_options.speed=3", "unknown option 'speed'")])
+                                         ("+vad_options.speed=3", "unknown option 'speed'"),
+                                         ("vad_options=5", "vad_options must be a group of settings")])
 def test_bad_vad_options_one_line(tiny, arg, message):
     r = cli(FIXTURES / "one.flac", f"model.path={tiny}", "device=cpu", arg)
     assert r.returncode == 1 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr

@@ -224,7 +224,8 @@ def test_the_prebuild_command_builds_a_list_once_without_a_gpu(cache, tmp_path):
     assert again.returncode == 0 and again.stdout.startswith("0 kernels built") and "2 were cached" in again.stdout
     for args, says in (([str(tmp_path / "none.txt"), "--arch", "sm_90"], "neither a kernel list"),
                        (["json", "--arch", "sm_90"], "ships no kernel list"),
-                       ([str(manifest), "--arch", "90"], "expected sm_XY")):
+                       ([str(manifest), "--arch", "90"], "expected sm_XY"),
+                       ([str(manifest), "--arch", "sm_90x"], "expected sm_XY")):
         bad = run(*args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and says in bad.stderr, bad.stderr
     assert prebuild.manifests("gpt") == sorted((Path(__file__).resolve().parents[2] / "packages" / "gpt" / "src" /

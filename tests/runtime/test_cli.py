@@ -55,6 +55,7 @@ def test_float_str_and_optional_options():
     (Float(gt=0), "inf", "n must be a finite number > 0, got inf"),
     (Float(min=0), float("nan"), "n must be a finite number >= 0, got nan"),
     (Float(gt=0, max=1), 1.5, "n must be a number > 0 and <= 1, got 1.5"),
+    (Float(max=0), float("-inf"), "n must be a finite number <= 0, got -inf"),
     (Float(min=0, max=100), -1, "n must be a number from 0 to 100, got -1.0"),
     (Str(choices=("silero", "none")), "x", "n must be one of silero, none, got 'x'"),
     (Str(choices=("silero", "none")), None, "n must be one of silero, none, got null"),

@@ -67,13 +67,44 @@ def output_names(paths: list[str], fmt: str) -> list[str]:
     return names
 
 
+def check_output_dir(directory: str) -> None:
+    """An output directory that takes files, or can be made where its nearest existing folder
+    takes them: tried there (root ignores modes), before any work, leaving nothing; one line if
+    not."""
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"output_dir {directory}: exists and is not a directory")
+    there = d
+    while not there.exists():
+        there = there.parent
+    if not there.is_dir():
+        raise ValueError(f"output_dir {directory}: {there} is not a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=there, prefix=".glm_asr-check.")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"output_dir {directory}: cannot write there ({e.strerror or e})") from None
+
+
+def temporary_stem(name: str) -> str:
+    """What write_atomic's temporary for an output `name` is called between its leading '.' and
+    its random suffix: the name, or for a long one (whose temporary would pass the file system's
+    255 bytes) its start and a digest of it."""
+    if len(name.encode()) <= 128:
+        return name
+    import hashlib
+
+    return name.encode()[:100].decode(errors="ignore") + "~" + hashlib.sha1(name.encode()).hexdigest()[:16]
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a failure never leaves half a transcript;
     a failure names the output file."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{temporary_stem(path.name)}.")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         umask = os.umask(0)

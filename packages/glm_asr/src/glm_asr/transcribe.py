@@ -22,7 +22,7 @@ from tilekernels.runtime.profile import mark
 
 from .api import fallback_settings, load
 from .audio import expand_inputs
-from .formats import FORMATS, output_names, render, write_atomic
+from .formats import FORMATS, check_output_dir, output_names, render, write_atomic
 from .pipeline import with_context
 from .vad import start_workers
 
@@ -51,8 +51,8 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     files, errors = expand_inputs(args, extensions(cfg.extensions))
     if fmt in ("srt", "vtt") and len(files) + len(errors) > 1 and not out_dir:
         raise ValueError(f"output_format={fmt} with several files needs output_dir=DIR (one subtitle file each)")
-    if out_dir and Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"output_dir {out_dir}: exists and is not a directory")
+    if out_dir:
+        check_output_dir(out_dir)
     names = output_names(files, fmt)
     readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
@@ -132,7 +132,7 @@ def vad_options(value) -> dict:
     from .api import vad_settings
     from .vad import VadOptions
 
-    o = OmegaConf.to_container(value) if value is not None else {}
+    o = OmegaConf.to_container(value) if OmegaConf.is_config(value) else {} if value is None else value
     if not isinstance(o, dict):
         raise ValueError(f"vad_options must be a group of settings (vad_options.threshold=0.6), got {o!r}")
     for k, v in o.items():          # every VadOptions field is a number; Hydra may hand over a string

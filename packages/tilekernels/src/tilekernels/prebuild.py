@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         lines = list(dict.fromkeys(line for t in args.targets for m in manifests(t) for line in read_manifest(m)))
-        if args.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", args.arch):
+        if args.arch is not None and not re.fullmatch(r"sm_\d+", args.arch):
             raise ValueError(f"--arch {args.arch}: expected sm_XY, e.g. sm_90")
         if args.workers < 1:
             raise ValueError(f"--workers {args.workers}: at least 1")

@@ -13,7 +13,7 @@ from pathlib import Path
 from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, \
     split_args
 
-from ..formats import output_names
+from ..formats import check_output_dir, output_names, temporary_stem
 from ..pipeline import with_context
 from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, loop_guard, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
@@ -22,9 +22,10 @@ from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
 from .worker import prepare, transcribe_files
 
 
+MAX_WORKERS = 1024      # local worker processes at most (each holds a model)
 # transcribe's options and where the work runs (gpus and workers: worker_plan checks them against the machine)
-BULK_OPTIONS = {**SHARED_OPTIONS, "manifest": OptStr, "glob": Str, "gpus": OptInt(min=0), "workers": OptInt(min=1),
-                "scheduler": OptStr, "task_seconds": Float(min=0), "dashboard": OptStr}
+BULK_OPTIONS = {**SHARED_OPTIONS, "manifest": OptStr, "glob": Str, "gpus": OptInt(min=0),
+                "workers": OptInt(min=1, max=MAX_WORKERS), "scheduler": OptStr, "task_seconds": Float(min=0), "dashboard": OptStr}
 
 
 def check_options(cfg, inputs: list[str]) -> dict:
@@ -41,10 +42,11 @@ def check_options(cfg, inputs: list[str]) -> dict:
         raise ValueError("no manifest given: python -m glm_asr.bulk manifest=FILE|DIR output_dir=DIR")
     if not o["output_dir"]:
         raise ValueError("no output_dir given: bulk writes one transcript per file there (output_dir=DIR)")
+    if cfg.get("profile"):
+        raise ValueError("profile=true is transcribe's: bulk's work runs in worker processes, which it does not time")
     if o["scheduler"] and (o["gpus"] is not None or o["workers"] is not None):
         raise ValueError("scheduler=ADDRESS uses that cluster's workers: gpus and workers are for a local cluster")
-    if Path(o["output_dir"]).exists() and not Path(o["output_dir"]).is_dir():
-        raise ValueError(f"output_dir {o['output_dir']}: exists and is not a directory")
+    check_output_dir(o["output_dir"])
     o["extensions"] = parse_extensions(cfg.get("extensions"))
     o["model"] = {k: cfg.model.get(k) for k in cfg.model}
     o.update(loop_guard(cfg, o))
@@ -64,11 +66,12 @@ def _probe_all(items: list[Item], tty: bool) -> list[Item]:
 
 
 def _remove_stale_temporaries(out_dir: Path, names: set[str]) -> None:
-    """write_atomic's temporaries (.<name>.<random>) of this manifest's outputs that a killed
-    worker left behind (the run is over: nothing of it is writing)."""
+    """write_atomic's temporaries (.<stem>.<random>, formats.temporary_stem) of this manifest's
+    outputs that a killed worker left behind (the run is over: nothing of it is writing)."""
+    stems = {temporary_stem(n) for n in names}
     with os.scandir(out_dir) as it:
         for e in it:
-            if e.name.startswith(".") and e.name[1:].rsplit(".", 1)[0] in names and e.is_file():
+            if e.name.startswith(".") and e.name[1:].rsplit(".", 1)[0] in stems and e.is_file():
                 with contextlib.suppress(OSError):
                     os.unlink(e.path)
 

@@ -54,8 +54,8 @@ class Opt:
         what = {int: "an integer", float: "a number", str: "a string"}[self.type]
         if self.min is not None and self.max is not None:
             return f"{what} from {_bound(self.min)} to {_bound(self.max)}"
-        if self.type is float and self.bounded():       # one side open: inf and nan are refused too
-            what = "a finite number" if self.max is None else what
+        if self.type is float and self.bounded() and (self.max is None or (self.min, self.gt) == (None, None)):
+            what = "a finite number"        # one side open (bounded: inf and nan are refused too)
         parts = [f"{op} {_bound(v)}" for op, v in ((">=", self.min), (">", self.gt), ("<=", self.max)) if v is not None]
         return " ".join([what, " and ".join(parts)]) if parts else what
 
