@@ -104,6 +104,22 @@ def test_bad_option_is_one_line_naming_it(module, arg, tmp_path):
     assert ", got " in lines[0] and list(tmp_path.iterdir()) == [], lines[0]
 
 
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+@pytest.mark.parametrize("arg,says", [("no_such_option=1", "error: unknown option 'no_such_option'"),
+                                      ("prompt=h\u00e9llo world", "error: cannot read the override"),
+                                      ("model=no-such-model", "error: In "),
+                                      ("max_new_tokens=[", "error: cannot read the override")])
+def test_what_hydra_refuses_is_one_line(module, arg, says, tmp_path):
+    """A misspelled option, an override Hydra cannot parse, a config group without that choice:
+    one line, exit 1 (Hydra itself prints several), for every command."""
+    if module == "glm_asr.live" and arg.startswith("model="):
+        return                                      # the live client has no model group
+    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], arg], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(says), r.stderr
+
+
 # --- split_args(): input paths beside Hydra's overrides -------------------------------------
 
 def test_split_args_existing_paths_are_inputs(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from tilekernels.runtime.cli import (Bool, Float, Int, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors,
-                                     options, split_args)
+                                     options, run_hydra, split_args)
 
 from .audio import SAMPLE_RATE, Audio, AudioError
 
@@ -164,7 +164,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 def main() -> None:
     _FILES[:], rest = split_args(sys.argv[1:])
     sys.argv = [sys.argv[0]] + rest
-    _hydra_main()
+    run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config
 from tilekernels.runtime.sampler import MAX_TEMPERATURE
-from tilekernels.runtime.cli import Float, Str, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.cli import Float, Str, config_dir, exit_with_one_line_errors, options, run_hydra
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Job, Metrics, ThreadWorker,
                                         UploadTooLarge, check_model, limited, make_app, run_server, submit, too_large,
                                         wait)
@@ -387,8 +387,12 @@ def run(cfg: DictConfig) -> None:
 
 
 @hydra.main(version_base=None, config_path=config_dir("glm_asr"), config_name="serve")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     exit_with_one_line_errors(lambda: run(cfg))
+
+
+def main() -> None:
+    run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

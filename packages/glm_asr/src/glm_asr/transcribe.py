@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from tilekernels.runtime import from_model_config, pick_device
 from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptFloat, OptInt, OptStr, Precision, Str, config_dir,
-                                     exit_with_one_line_errors, options, profile_at_exit, split_args)
+                                     exit_with_one_line_errors, options, profile_at_exit, run_hydra, split_args)
 from tilekernels.runtime.profile import mark
 
 from .api import fallback_settings, load
@@ -164,7 +164,7 @@ def main() -> None:
     input (even named a=b.wav or -x.wav), so are '-' (standard input) and everything after '--'."""
     _FILES[:], rest = split_args(sys.argv[1:])
     sys.argv = [sys.argv[0]] + rest
-    _hydra_main()
+    run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

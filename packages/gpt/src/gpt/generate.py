@@ -15,7 +15,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tilekernels.runtime import from_model_config
 from tilekernels.runtime.cli import (Bool, Device, Float, Int, OptInt, OptStr, Precision, config_dir,
-                                     exit_with_one_line_errors, options, profile_at_exit)
+                                     exit_with_one_line_errors, options, profile_at_exit, run_hydra)
 from tilekernels.runtime.profile import mark
 from tilekernels.runtime.sampler import INT32_MAX, MAX_PENALTY, MAX_SEED, MAX_TEMPERATURE
 
@@ -91,8 +91,12 @@ def run(cfg: DictConfig) -> None:
 
 
 @hydra.main(version_base=None, config_path=config_dir("gpt"), config_name="generate")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     exit_with_one_line_errors(lambda: run(cfg))
+
+
+def main() -> None:
+    run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from tilekernels.logprobs import MAX_TOP
 from tilekernels.runtime import (GREEDY, Completion, Sampling, TokenLogprob, check_length, from_model_config, requests,
                                  warm_up)
 from tilekernels.runtime.sampler import check_seed
-from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options
+from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options, run_hydra
 
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics,
                                         check_model, error_body, make_app, new_id, read_body, run_server, submit,
@@ -432,8 +432,12 @@ def run(cfg: DictConfig) -> None:
 
 
 @hydra.main(version_base=None, config_path=config_dir("gpt"), config_name="serve")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     exit_with_one_line_errors(lambda: run(cfg))
+
+
+def main() -> None:
+    run_hydra(_hydra_main)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, \
-    split_args
+    run_hydra, split_args
 
 from ..formats import check_output_dir, output_names, temporary_stem
 from ..pipeline import with_context
@@ -263,4 +263,4 @@ def main() -> None:
     def _hydra_main(cfg) -> None:
         exit_with_one_line_errors(lambda: run(cfg, inputs))
 
-    _hydra_main()
+    run_hydra(_hydra_main)

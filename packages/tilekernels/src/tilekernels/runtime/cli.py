@@ -4,6 +4,8 @@ overrides, and one-line errors instead of tracebacks."""
 from __future__ import annotations
 
 import math
+import os
+import re
 import sys
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -148,6 +150,44 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
                 i += 1
         i += 1
     return inputs, rest
+
+
+def run_hydra(hydra_main: Callable[[], None]) -> None:
+    """Call a @hydra.main function with Hydra's own failures (an unknown option, an override it
+    cannot parse, no such config in a group) as one 'error: ...' line and exit 1, where Hydra
+    itself prints several (HYDRA_FULL_ERROR, Hydra's documented switch, has it raise them)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    before = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        hydra_main()
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {hydra_message(e)}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if before is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def hydra_message(e: Exception) -> str:
+    """A Hydra or OmegaConf error in one line: an unknown option or an unreadable override named
+    as such, else its message's lines up to the config search path, a list's items joined."""
+    text = str(e)
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown and "not in struct" in str(e.__cause__ or ""):
+        return f"unknown option {unknown.group(1)!r} (see --cfg job for the options)"
+    if getattr(e, "override", None) is not None:        # OverrideParseException
+        return f"cannot read the override {e.override!r} (quote a value with spaces or other characters)"
+    head, items = [], []
+    for line in text.splitlines():
+        if line.startswith("Config search path"):
+            break
+        (items if line.startswith("\t") else head).append(" ".join(line.split()))
+    return "; ".join(h for h in head if h) + (" " + ", ".join(items) if items else "") or type(e).__name__
 
 
 def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
