@@ -10,9 +10,9 @@ segment), stream (true: server-sent transcript.text.delta events a segment as it
 transcript.text.done; json and text), language (accepted, unused) and prompt (OpenAI's style or
 context hint: our `context`, read after the instruction, the server's `prompt` option)), the
 /v1/realtime WebSocket (OpenAI's Realtime transcription events, server VAD or push-to-talk:
-glm_asr.realtime), GET /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe is the default of each
-request (max_new_tokens, vad, vad_options, audio_stream, the instruction); the text equals the CLI's
-for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
+glm_asr.realtime), GET /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe
+is the default of each request (max_new_tokens, vad, vad_options, audio_stream, the instruction);
+the text equals the CLI's for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
 Transcriber.transcribe_many over the uploads as they come), so the windows of all requests in
 flight are encoded and decoded together on the engine. Uploads stream to a temporary file (limit
 max_upload_mb, checked as they come), deleted when the request ends.

@@ -133,8 +133,8 @@ def options(cfg, table: dict[str, Opt]) -> dict:
 
 def split_args(args: list[str]) -> tuple[list[str], list[str]]:
     """(input paths, Hydra arguments): an existing path is always an input, even with '=' in its
-    name or a leading '-', and so is '-' (standard input); everything after '--' is an input; other 'key=value' and '-flag'
-    arguments go to Hydra (with the value of a Hydra flag that takes one: --cfg job); anything
+    name or a leading '-', and so is '-' (standard input); everything after '--' is an input; other
+    'key=value' and '-flag' arguments go to Hydra (with the value of a Hydra flag that takes one: --cfg job); anything
     else is an input (a missing file, reported as such)."""
     inputs, rest, i = [], [], 0
     while i < len(args):
