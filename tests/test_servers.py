@@ -141,7 +141,7 @@ def test_gpt_errors(gpt_server, gpt_locked):
                            ({"logit_bias": {"999999": 1}}, 400), ({"logit_bias": {"5": 101}}, 400),
                            ({"logit_bias": {"x": 1}}, 400), ({"extra_body": {"min_p": 1.5}}, 400),
                            ({"presence_penalty": 3}, 400), ({"frequency_penalty": -2.5}, 400),
-                           ({"n": 0}, 400), ({"model": "nope"}, 404)):
+                           ({"n": 0}, 400), ({"model": "nope"}, 404), ({"model": 5}, 400)):
         args = {"model": "tiny", "prompt": "To be", "max_tokens": 5, **kwargs}
         with pytest.raises(openai.APIStatusError) as e:
             c.completions.create(**args)
@@ -608,7 +608,8 @@ def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):
                            "invalid_value"),
                           ({"type": "input_audio_buffer.append", "audio": b64(np.zeros(8 << 20, "<i2"))},
                            "invalid_value"),                      # 16 MiB: past OpenAI's 15, said, not closed
-                          ({"type": "session.update", "session": {"input_sample_rate": 12345}}, "invalid_value")):
+                          ({"type": "session.update", "session": {"input_sample_rate": 12345}}, "invalid_value"),
+                          ({"type": "session.update", "session": {"input_sample_rate": 16000.0}}, "invalid_value")):
             send(**bad)
             got = event()
             assert got["type"] == "error" and got["error"]["code"] == code, (bad, got)

@@ -150,7 +150,7 @@ class Session:
         if fmt != "pcm16":
             raise SessionError(f"input_audio_format must be pcm16, got {fmt!r}", param="session.input_audio_format")
         rate = s.get("input_sample_rate", self.rate or OPENAI_RATE)
-        if rate not in RATES:
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate not in RATES:
             raise SessionError(f"input_sample_rate must be one of {', '.join(map(str, RATES))}, got {rate!r}",
                                param="session.input_sample_rate")
         turns = self.turn_detection(s["turn_detection"]) if "turn_detection" in s else self.turns

@@ -41,8 +41,8 @@ from tilekernels.runtime import from_model_config
 from tilekernels.runtime.sampler import MAX_TEMPERATURE
 from tilekernels.runtime.cli import Float, Str, config_dir, exit_with_one_line_errors, options, run_hydra
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Job, Metrics, ThreadWorker,
-                                        UploadTooLarge, check_model, limited, make_app, run_server, submit, too_large,
-                                        wait)
+                                        UploadTooLarge, check_model, error_response, limited, make_app, run_server,
+                                        submit, too_large, wait)
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, fallback_settings, load, vad_settings
 from .audio import SAMPLE_RATE, Audio, AudioError
@@ -245,7 +245,7 @@ def add_transcriptions(app, s: Served) -> None:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     async def _handle(request: Request, scratch: str):
-        if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
             raise APIError(400, "send multipart/form-data with a file field", "file")
         body = limited(request, s.max_bytes, "max_upload_mb")
         try:
@@ -281,7 +281,7 @@ def add_transcriptions(app, s: Served) -> None:
         try:
             r = await wait(request, job)
         except ClientGone:
-            return JSONResponse({}, status_code=499)
+            return error_response(499, "the client went away")
         except ASRError as e:
             raise APIError(415 if "decod" in str(e).lower() or "read" in str(e).lower() else 400,
                            str(e), "file", "invalid_audio") from None

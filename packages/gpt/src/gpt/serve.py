@@ -30,7 +30,7 @@ import time
 import hydra
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.logprobs import MAX_TOP
@@ -40,8 +40,8 @@ from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options, run_hydra
 
 from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, EngineJob, EngineWorker, Job, Metrics,
-                                        check_model, error_body, make_app, new_id, read_body, run_server, submit,
-                                        wait)
+                                        check_model, error_body, error_response, make_app, new_id, read_body,
+                                        run_server, submit, wait)
 
 from . import generate as _cli  # noqa: F401  (registers the gpt_data resolver the model configs use)
 from .api import GPTError, LanguageModel, load
@@ -245,7 +245,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
             try:
                 outs = _kept(req, await wait(request, job))
             except ClientGone:
-                return JSONResponse({}, status_code=499)
+                return error_response(499, "the client went away")
             except ValueError as e:
                 raise APIError(400, str(e)) from None
             except Exception as e:  # noqa: BLE001 - the engine failed it: a server error, said as such

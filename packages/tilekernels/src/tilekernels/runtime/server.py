@@ -376,7 +376,10 @@ def model_card(model_id: str, owned_by: str) -> dict:
 
 
 def check_model(name, model_id: str) -> None:
-    """A request's model: absent, empty or this server's (else 404 model_not_found)."""
+    """A request's model: absent, empty or this server's (else 404 model_not_found; 400 if not a
+    string)."""
+    if name is not None and not isinstance(name, str):
+        raise APIError(400, f"model must be a string, got {name!r}", "model")
     if name not in (None, "", model_id):
         raise APIError(404, f"model {name!r} not found (this server has {model_id!r})", "model", "model_not_found")
 
