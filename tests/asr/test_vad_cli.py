@@ -153,3 +153,22 @@ def test_speech_windows_of_silence_decode_nothing():
 def test_bad_vad_options_one_line(tiny, arg, message):
     r = cli(FIXTURES / "one.flac", f"model.path={tiny}", "device=cpu", arg)
     assert r.returncode == 1 and message in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+
+
+def test_the_readers_queue_takes_the_files_in_turn():
+    """A long file's reader that filled the queue does not hold back a second file: its first
+    window may queue past the bound and comes out next; each file's items keep their order; VAD
+    jobs come first."""
+    import threading
+
+    from glm_asr.reading import FairQueue
+
+    q = FairQueue(4)
+    assert all(q.put(0, ("long", i), 0) for i in range(4)) and not q.put(0, ("long", 4), 0)
+    assert q.put(1, ("short", 0), 0) and not q.put(1, ("short", 1), 0)     # one past the bound, not two
+    assert q.put(-1, ("vad", 0), 0)
+    assert [q.get(0) for _ in range(4)] == [("vad", 0), ("long", 0), ("short", 0), ("long", 1)]
+    late = threading.Thread(target=lambda: q.put(1, ("short", 1), 5))
+    late.start()
+    late.join(5)
+    assert [q.get(0) for _ in range(4)] == [("long", 2), ("short", 1), ("long", 3), None] and q.empty()

@@ -1,6 +1,7 @@
 """The pipeline's first stages, on the CPU: files read, decoded, resampled and (with VAD) cut into
 speech segments, then into windows, by reader threads a block at a time, into one bounded queue
-toward the pipeline's loop (memory is bounded by the queue, not by file length or count).
+toward the pipeline's loop (memory is bounded by the queue, not by file length or count), which
+hands out the files' items in turn (FairQueue): one long file does not hold back a short one.
 
 What a reader puts is (file index, window number, item): a Window; the file's end (item: its
 duration, number: its window count); an exception (the file failed); or, index -1, a VadJob whose
@@ -9,8 +10,8 @@ in worker processes, vad.pooled_probs).
 """
 from __future__ import annotations
 
-import queue
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -47,6 +48,47 @@ class VadJob:
     future: Future = field(default_factory=Future)
 
 
+class FairQueue:
+    """Items of many files (keyed by file index), taken a file at a time in turn, each file's in
+    order, VAD jobs (key -1: a reader waits on each) first and never held back: one file's many
+    windows do not hold back another's. put waits while `size` items are held, unless its file
+    holds none (each file may always queue one, so memory stays bounded by size plus the readers)."""
+
+    def __init__(self, size: int):
+        self.size, self.count = size, 0
+        self.files: dict[int, deque] = {}       # non-empty only; insertion order is the turn
+        self.changed = threading.Condition()
+
+    def put(self, key: int, item, timeout: float) -> bool:
+        """Queue item, waiting up to timeout seconds for room; whether it was queued."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: key == -1 or self.count < self.size or key not in self.files,
+                                         timeout):
+                return False
+            self.files.setdefault(key, deque()).append(item)
+            self.count += 1
+            self.changed.notify_all()
+            return True
+
+    def get(self, timeout: float):
+        """The next item (waiting up to timeout seconds; 0: not at all), or None."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.count > 0, timeout):
+                return None
+            key = -1 if -1 in self.files else next(iter(self.files))
+            items = self.files.pop(key)
+            item = items.popleft()
+            if items:
+                self.files[key] = items             # back in line, after the other files
+            self.count -= 1
+            self.changed.notify_all()
+            return item
+
+    def empty(self) -> bool:
+        with self.changed:
+            return self.count == 0
+
+
 class Readers:
     """READERS threads, each reading one file at a time into the queue. wanted(index): whether
     the loop still takes what a file's reader puts (not dropped, not failed); once closed, every
@@ -55,7 +97,7 @@ class Readers:
     def __init__(self, vad: VadOptions | None, gpu_vad: bool, n_mels: int, size: int,
                  wanted: Callable[[int], bool]):
         self.vad, self.gpu_vad, self.n_mels, self._wanted = vad, gpu_vad, n_mels, wanted
-        self.queue: queue.Queue = queue.Queue(size)
+        self.queue = FairQueue(size)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(READERS, thread_name_prefix="glm_asr-read")
 
@@ -64,10 +106,7 @@ class Readers:
 
     def get(self, wait: float) -> tuple | None:
         """The next item, waiting up to `wait` seconds for one (0: not at all); None if none."""
-        try:
-            return self.queue.get(block=wait > 0, timeout=wait or None)
-        except queue.Empty:
-            return None
+        return self.queue.get(wait)
 
     def empty(self) -> bool:
         return self.queue.empty()
@@ -81,11 +120,8 @@ class Readers:
 
     def put(self, item: tuple) -> bool:
         while self.wanted(item[0]):
-            try:
-                self.queue.put(item, timeout=0.1)
+            if self.queue.put(item[0], item, 0.1):
                 return True
-            except queue.Full:
-                pass
         return False
 
     def gpu_probs(self, samples: np.ndarray) -> np.ndarray:
