@@ -77,11 +77,11 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
                              extra_body={"top_k": 50}).choices[0]
     assert r.text == want.text
     assert np.allclose(r.logprobs.token_logprobs, [t.logprob for t in want.logprobs], atol=1e-6)
-    assert all(len(top) == 3 and max(top.values()) >= lp - 1e-6
-               for top, lp in zip(r.logprobs.top_logprobs, r.logprobs.token_logprobs))
+    assert all(len(top) in (3, 4) and max(top.values()) >= lp - 1e-6 and abs(top[tok] - lp) < 1e-5   # its own too
+               for top, lp, tok in zip(r.logprobs.top_logprobs, r.logprobs.token_logprobs, r.logprobs.tokens))
     assert "".join(r.logprobs.tokens) == r.text
-    assert r.logprobs.text_offset == [sum(len(t) for t in r.logprobs.tokens[:i]) for i in range(len(r.text and
-                                                                                                     r.logprobs.tokens))]
+    assert all(r.text[at:].startswith(t)
+               for at, t in zip(r.logprobs.text_offset, r.logprobs.tokens) if "\ufffd" not in t)
     texts = ["To be or not", "to be"]
     scored = c.completions.create(model="tiny", prompt=texts, max_tokens=0, echo=True, logprobs=1, temperature=0)
     ref = lm.score(texts, top=1)
@@ -114,6 +114,24 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
     assert status == 400 and bad["error"]["param"] == "tokens"
     status, info = get(gpt_server.url("/tokenizer_info"))
     assert status == 200 and json.loads(info)["eos_token"] == "<|endoftext|>"
+
+
+def test_gpt_text_offsets_with_characters_of_several_tokens(gpt_server):
+    """text_offset is where each token begins in the choice's text, also where a character takes
+    several tokens (both begin where it does), and with echo the first new token's is the prompt's
+    length."""
+    prompt = "Caf\u00e9, na\u00efve, \u6771\u4eac and \u00e9migr\u00e9"
+    for echo in (False, True):
+        r = gpt_server.client().completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+                                                   logprobs=1, echo=echo).choices[0]
+        lp, text = r.logprobs, r.text
+        assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)
+        whole = [i for i, t in enumerate(lp.tokens) if "\ufffd" not in t]
+        assert len(whole) < len(lp.tokens)          # some character here takes several tokens
+        assert all(text[lp.text_offset[i]:].startswith(lp.tokens[i]) for i in whole)
+        if echo:
+            n = len(lp.tokens) - 12 if r.finish_reason == "length" else None
+            assert n is None or lp.text_offset[n] == len(prompt)
 
 
 def test_gpt_n_seed_equals_api(gpt_server, gpt_ckpt):

@@ -70,6 +70,26 @@ def test_generate_batch_seed_and_stop(ckpt):
         assert out.text == text[: text.index(stop)] and "".join(pieces) == out.text
 
 
+def test_scores_at_full_context_seeds_by_prompt_and_empty_stops(ckpt):
+    """A text of all the model's positions can be scored (the scoring pass feeds no new token);
+    a prompt's seeded samples are the same wherever it sits among the prompts; an empty stop
+    string stops nothing."""
+    lm = LanguageModel(GPT.load(ckpt), load_tokenizer(ckpt))
+    ids = [int(t) for t in np.random.default_rng(0).integers(1, 200, 64)]
+    scored = lm.score([ids])[0]
+    logits = lm.logits(ids)[0].astype(np.float64)
+    want = logits[np.arange(63), ids[1:]] - np.log(np.exp(logits[:63] - logits[:63].max(1, keepdims=True)).sum(1)) \
+        - logits[:63].max(1)
+    assert scored[0] is None and np.allclose([t.logprob for t in scored[1:]], want, atol=1e-5)
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        lm.generate([ids], max_new_tokens=2)
+    both = lm.generate(["To be", "the slings"], max_new_tokens=8, temperature=1.0, seed=11, num_samples=2)
+    alone = lm.generate("the slings", max_new_tokens=8, temperature=1.0, seed=11, num_samples=2)
+    assert [o.tokens for o in both[2:]] == [o.tokens for o in alone] and alone[0].tokens != alone[1].tokens
+    plain = lm.generate("To be", max_new_tokens=8, temperature=0, stop=["zz"])[0]
+    assert lm.generate("To be", max_new_tokens=8, temperature=0, stop=["", "zz"])[0].text == plain.text != ""
+
+
 def test_prompt_too_long_is_refused(ckpt):
     model, tok = GPT.load(ckpt), load_tokenizer(ckpt)
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):

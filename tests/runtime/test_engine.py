@@ -177,14 +177,13 @@ def test_greedy_and_sampled_rows_share_a_batch(ckpt):
 def test_text_stop_strings_and_eos_per_request(ckpt):
     model, tok = GPT.load(ckpt), load_tokenizer(ckpt)
     prompts = [tok.encode(p).ids for p in ("To be", "the slings and arrows of", "Café", "whether 'tis")]
-    kw = dict(sampling=Sampling(temperature=1.0, top_k=40), seed=5, stop=["e", "ou"], tokenizer=tok)
+    kw = dict(sampling=Sampling(temperature=1.0, top_k=40), seed=7, stop=["e", "ou"], tokenizer=tok)
     alone = [generate(Engine(model, 1), [p], 20, **kw)[0] for p in prompts]
     together = generate(Engine(model, 3), prompts, 20, **kw)
-    # prompt i draws from [seed, i]: alone each is prompt 0, so compare with seeds lined up
-    lined = [generate(Engine(model, 1), prompts, 20, **kw)[i] for i in range(len(prompts))]
-    assert [c.text for c in together] == [c.text for c in lined]
-    assert [c.finish_reason for c in together] == [c.finish_reason for c in lined]
-    assert any(c.finish_reason == "stop" for c in together) and alone[0].text == together[0].text
+    # each prompt draws from [seed, 0] (its first sample) wherever it sits: alone is the same
+    assert [c.text for c in together] == [c.text for c in alone]
+    assert [c.finish_reason for c in together] == [c.finish_reason for c in alone]
+    assert 0 < sum(c.finish_reason == "stop" for c in together) < len(prompts)
     for c in together:
         assert not any(s in c.text for s in ("e", "ou"))
 

@@ -87,7 +87,8 @@ class LanguageModel:
                  logit_bias: dict[int, float] | None = None) -> list[Completion]:
         """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
         continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
-        temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU; stop: one
+        temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU, and for a
+        prompt the same wherever it sits in `prompts`; stop: one
         string or several; at most max_batch rows decode at once (each row's tokens are the same
         whatever else runs beside it). logprobs (0 to 20): .logprobs holds each token's
         log-probability under the model (whatever the sampling settings) and that many likeliest
@@ -99,7 +100,8 @@ class LanguageModel:
                                           presence_penalty=float(presence_penalty),
                                           frequency_penalty=float(frequency_penalty),
                                           logit_bias=tuple((int(k), float(v)) for k, v in (logit_bias or {}).items()))
-            return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
+            return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer,
+                            samples=num_samples)
 
     def score(self, texts: str | Sequence[str | Sequence[int]], top: int = 0,
               max_batch: int = MAX_BATCH) -> list[list[TokenLogprob | None]]:

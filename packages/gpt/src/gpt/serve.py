@@ -34,8 +34,8 @@ from fastapi.responses import StreamingResponse
 from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.logprobs import MAX_TOP
-from tilekernels.runtime import (GREEDY, Completion, Sampling, TokenLogprob, check_length, from_model_config, requests,
-                                 warm_up)
+from tilekernels.runtime import (GREEDY, Completion, Sampling, TextStream, TokenLogprob, check_length,
+                                 from_model_config, requests, warm_up)
 from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options, run_hydra
 
@@ -229,7 +229,7 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
         hand-off to a thread for the common request)."""
         req = CompletionRequest(_json_object(raw), defaults, lm, model_id, o["max_rows"])
         return req, EngineJob(requests(engine, req.ids, req.steps, req.sampling, req.seed, req.stop,
-                                       lm.tokenizer), loop)
+                                       lm.tokenizer, samples=req.n), loop)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -255,8 +255,10 @@ def build_app(cfg: DictConfig, lm: LanguageModel | None = None):
                 head = req.prompt_texts[i // req.n] if req.echo else ""
                 lp = None
                 if req.logprobs is not None:
-                    lp = _logprobs(lm.tokenizer, (_prompt_places(req, i, c) if req.echo else [])
-                                   + list(zip(c.tokens, c.logprobs or [])))
+                    lp = _logprobs(lm.tokenizer, _prompt_places(req, i, c) if req.echo else [])
+                    more = _logprobs(lm.tokenizer, list(zip(c.tokens, c.logprobs or [])),
+                                     Offsets(lm.tokenizer, len(head)))
+                    lp = {k: lp[k] + more[k] for k in lp}
                 choices.append({"text": head + c.text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason})
             return {"id": rid, "object": "text_completion", "created": created, "model": model_id,
                     "choices": choices, "usage": _usage(req, outs)}
@@ -320,18 +322,38 @@ def _prompt_places(req: CompletionRequest, row: int, c: Completion) -> list[tupl
     return list(zip(ids, c.prompt_logprobs or [None] * len(ids)))
 
 
-def _logprobs(tokenizer, places: list[tuple[int, TokenLogprob | None]], offset: int = 0) -> dict:
+class Offsets:
+    """Where each of a text's tokens begins in it, in characters, from `start`, as the text is
+    decoded a token at a time: a character split over tokens is held back until complete, so
+    each of its tokens begins where the character does; a token whose piece brings held-back
+    text with it (a byte that never made a character) begins after that text."""
+
+    def __init__(self, tokenizer, start: int = 0):
+        self.stream, self.start = TextStream(tokenizer), start
+
+    def next(self, token: int, text: str) -> int:
+        """The offset of token (its own text: text)."""
+        before = len(self.stream.text)
+        piece = self.stream.push(token)
+        return self.start + before + max(0, len(piece) - len(text))
+
+
+def _logprobs(tokenizer, places: list[tuple[int, TokenLogprob | None]], offsets: Offsets | None = None) -> dict:
     """OpenAI's completions logprobs object for (token id, TokenLogprob or None) places: each
     token's text, log-probability (null where there is none: an echoed prompt's first token),
-    its alternatives {text: log-probability} and its character offset in the choice's text."""
+    its alternatives {text: log-probability} with the token itself among them (OpenAI's logprobs + 1),
+    and its character offset in the choice's text (offsets: where the places' text begins)."""
+    offsets = offsets or Offsets(tokenizer)
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token, lp in places:
         text = tokenizer.decode([token])
         out["tokens"].append(text)
         out["token_logprobs"].append(None if lp is None else lp.logprob)
-        out["top_logprobs"].append(None if lp is None else {tokenizer.decode([t]): v for t, v in lp.top})
-        out["text_offset"].append(offset)
-        offset += len(text)
+        top = None if lp is None else {tokenizer.decode([t]): v for t, v in lp.top}
+        if top is not None:
+            top[text] = lp.logprob      # its own, also where another token's text is the same (a byte's "\ufffd")
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offsets.next(token, text))
     return out
 
 
@@ -348,7 +370,7 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
     since the row's last chunk (a token whose text is held back, maybe part of a stop string,
     may come before its text)."""
     sent = [0] * len(req.ids)      # tokens of each row whose logprobs have gone out
-    at = [0] * len(req.ids)        # their text's length, the next text_offset
+    offsets = [Offsets(tokenizer, len(req.prompt_texts[i // req.n]) if req.echo else 0) for i in range(len(req.ids))]
 
     def scores(index: int) -> dict | None:
         """The logprobs of row index's tokens not yet sent (None when none were asked)."""
@@ -358,10 +380,8 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
         if not req.max_tokens:
             return _logprobs(tokenizer, [])
         have = list(zip(c.tokens, c.logprobs or []))[sent[index]:]
-        lp = _logprobs(tokenizer, have, at[index])
         sent[index] += len(have)
-        at[index] += sum(len(t) for t in lp["tokens"])
-        return lp
+        return _logprobs(tokenizer, have, offsets[index])
 
     def chunk(index: int, text: str, finish=None, logprobs=None) -> str:
         return "data: " + json.dumps({"id": rid, "object": "text_completion", "created": created, "model": model_id,
@@ -397,8 +417,6 @@ async def _events(request: Request, job: Job, req: CompletionRequest, rid: str, 
                 else:
                     prompt_scores = [_logprobs(tokenizer, _prompt_places(req, i, r.out))
                                      for i, r in enumerate(job.requests)]
-                    for i, lp in enumerate(prompt_scores):
-                        at[i] = sum(len(t) for t in lp["tokens"])
             yield "".join(chunk(i, req.prompt_texts[i // req.n], None, prompt_scores and prompt_scores[i])
                           for i in range(len(req.ids)))
         ended = False

@@ -11,25 +11,27 @@ from .sequence import Completion, Request
 
 def requests(engine: Engine, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
              seed: int | None = None, stop: Sequence[str] | str = (), tokenizer=None, embeds: list | None = None,
-             ignore_eos: bool = False) -> list[Request]:
-    """One Request a prompt, prompt i drawing from [seed, i] (so its tokens do not depend on
-    which other prompts run beside it)."""
+             ignore_eos: bool = False, samples: int = 1) -> list[Request]:
+    """One Request a prompt; prompts come `samples` at a time (each prompt's samples in a row),
+    sample s of each drawing from [seed, s]: a prompt's tokens do not depend on which other
+    prompts run beside it, nor on where it sits among them (as vLLM's per-request seed)."""
     check_seed(seed)
     eos = frozenset() if ignore_eos else frozenset(engine.model.eos_ids)
-    return [Request(list(p), max_new_tokens, sampling, None if seed is None else [seed, i], stop, eos,
+    return [Request(list(p), max_new_tokens, sampling, None if seed is None else [seed, i % samples], stop, eos,
                     None if embeds is None else embeds[i], tokenizer, i) for i, p in enumerate(prompts)]
 
 
 def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
              seed: int | None = None, stop: Sequence[str] | str = (), tokenizer=None,
              on_text: Callable[[int, str], None] | None = None, embeds: list | None = None,
-             ignore_eos: bool = False) -> list[Completion]:
+             ignore_eos: bool = False, samples: int = 1) -> list[Completion]:
     """Continue every prompt (token ids; embeds: their input embeddings (T, C) each, when the
     model builds them itself) and return one Completion per prompt, in order. With a tokenizer
     each completion's text is built as it comes: a stop string ends it (and is cut off), and
     on_text(i, piece) receives the text of prompt i as it is produced, never a broken character
-    nor part of a stop string. ignore_eos: decode max_new_tokens whatever comes (benchmarks)."""
-    reqs = requests(engine, prompts, max_new_tokens, sampling, seed, stop, tokenizer, embeds, ignore_eos)
+    nor part of a stop string. ignore_eos: decode max_new_tokens whatever comes (benchmarks).
+    samples: prompts come that many at a time, the samples of one prompt (requests' seeds)."""
+    reqs = requests(engine, prompts, max_new_tokens, sampling, seed, stop, tokenizer, embeds, ignore_eos, samples)
     for i, piece in run(engine, reqs):
         if on_text and piece:
             on_text(i, piece)

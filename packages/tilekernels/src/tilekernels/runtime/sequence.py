@@ -72,7 +72,7 @@ class Request:
     error: BaseException | None = None
 
     def __post_init__(self):
-        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        self.stop = [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]   # "" stops nothing
         self.rng = np.random.default_rng(self.seed)
         self.stream = TextStream(self.tokenizer) if self.tokenizer is not None else None
 
