@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from glm_asr import bulk
-from glm_asr.bulk import cli as bulk_cli, worker as bulk_worker
+from glm_asr.bulk import cli as bulk_cli, manifest, worker as bulk_worker
 
 FILES = ["long.flac", "notaudio.wav", "other/speech16k.wav", "quiet.ogg", "six48k.wav", "talk/speech16k.wav"]
 NAMES = ["long.json", "quiet.json", "six48k.json", "speech16k-1.json", "speech16k-2.json"]     # notaudio fails
@@ -74,7 +74,10 @@ def cluster(tmp_path_factory):
 
 
 def outputs(d: Path) -> dict:
-    return {p.name: p.read_bytes() for p in d.iterdir() if p.name != bulk.ERRORS}
+    """The transcripts in d (not errors.jsonl, nor the names bulk gave: manifest.NAMES)."""
+    from glm_asr.bulk.manifest import NAMES
+
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.name not in (bulk.ERRORS, NAMES)}
 
 
 def mtimes(d: Path) -> dict:
@@ -128,7 +131,7 @@ def test_scheduler_address_and_a_worker_killed_mid_run(tiny, corpus, reference, 
                    f"scheduler={cluster.scheduler_address}", "task_seconds=0")
     assert r.returncode == 1, r.stderr
     assert not (cluster.crash_dir / "long.json").exists(), "no worker died: the test tested nothing"
-    assert sorted(p.name for p in out.iterdir()) == sorted(NAMES + [bulk.ERRORS])      # no temporaries either
+    assert sorted(p.name for p in out.iterdir()) == sorted(NAMES + [bulk.ERRORS, manifest.NAMES])   # no temporaries
     assert outputs(out) == outputs(reference)
     assert [e["path"] for e in errors(out)] == [str(corpus / "notaudio.wav")]
     assert "5 transcribed, 0 skipped (output exists), 1 failed" in summary(r)
@@ -303,11 +306,12 @@ def test_a_killed_writers_temporaries_are_removed_at_the_end(tmp_path):
     from glm_asr.formats import temporary_stem
 
     very = "v" * 240 + ".txt"       # a name whose temporary is named by its start and a digest
-    for f in [".long.json.k2j3h4", "long.json", ".other.json.abc", ".long.json", "x.txt",
-              f".{temporary_stem(very)}.q8w7e6"]:
+    for f in [".long.json.k2j3h4_z", "long.json", ".other.json.abc", ".long.json", "x.txt", ".x.txt.swp",
+              f".{temporary_stem(very)}.q8w7e6ab"]:
         (tmp_path / f).write_text("")
     bulk_cli._remove_stale_temporaries(tmp_path, {"long.json", "x.txt", very})
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", "long.json", "x.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".long.json", ".other.json.abc", ".x.txt.swp", "long.json",
+                                                          "x.txt"]
 
 
 @contextlib.contextmanager
@@ -434,3 +438,24 @@ def test_a_workers_heartbeat_cut_by_its_own_close_is_not_logged():
             assert f.filter(logging.makeLogRecord({"msg": msg, "exc_info": (type(exc), exc, None)})) == kept
     finally:
         log.filters[:] = before
+
+
+def test_output_names_are_kept_when_the_manifest_changes(tmp_path):
+    """A source keeps the output name an earlier run gave it, so a resumed run with a changed
+    manifest never takes another file's transcript for a new file's (x-1 was a's: c gets x-3)."""
+    from glm_asr.bulk.manifest import kept_names
+
+    out = tmp_path / "out"
+    a, b, c = (str(tmp_path / d / "x.wav") for d in "abc")
+    assert kept_names([a, b], "txt", out) == ["x-1.txt", "x-2.txt"]
+    assert kept_names([c, a, b], "txt", out) == ["x-3.txt", "x-1.txt", "x-2.txt"]
+    assert kept_names([b, c], "txt", out) == ["x-2.txt", "x-3.txt"]                  # removed: nothing moves
+    assert kept_names([a, a], "json", out) == ["x-1.json", "x-2.json"]               # per format; a path twice
+    assert kept_names([a, b, c], "txt", out) == ["x-1.txt", "x-2.txt", "x-3.txt"]
+
+
+def test_a_manifest_with_a_byte_order_mark(tmp_path):
+    from glm_asr.bulk.manifest import read_manifest
+
+    (tmp_path / "m.txt").write_text("\ufeff/abs/one.wav\nrel/two.wav\n", encoding="utf-8")
+    assert read_manifest(tmp_path / "m.txt") == ["/abs/one.wav", str(tmp_path / "rel" / "two.wav")]

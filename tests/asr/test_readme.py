@@ -56,5 +56,11 @@ def test_api_contracts(tiny, tmp_path):
     assert asr.transcribe(stereo48k, sample_rate=48000, max_new_tokens=2, vad="none").segments[0].end == r.segments[0].end == 3.0
     with pytest.raises(glm_asr.ASRError, match="sample_rate is needed"):
         asr.transcribe(x)
+    with pytest.raises(glm_asr.ASRError, match="sample_rate must be an integer"):
+        asr.transcribe(x, sample_rate="16000")
+    pcm = np.round(x * 32767).astype(np.int16)             # integer PCM is scaled as soundfile reads it
+    as_int = asr.transcribe(pcm, sample_rate=16000, max_new_tokens=2, vad="silero")
+    as_float = asr.transcribe(pcm / 32768.0, sample_rate=16000, max_new_tokens=2, vad="silero")
+    assert as_int.segments == as_float.segments
     results = list(asr.transcribe_many([tmp_path / "missing.wav", tmp_path / "missing.wav"], max_new_tokens=2))
     assert [r.error for r in results] == [f"{tmp_path / 'missing.wav'}: no such file"] * 2

@@ -189,9 +189,22 @@ def test_render_json_line_is_one_json_line():
     line = render("json", "a b.wav", SEGMENTS, json_line=True)
     assert line.endswith("\n") and line.count("\n") == 1
     doc = json.loads(line)
-    assert doc["file"] == "a b.wav" and doc["segments"] == SEGMENTS and doc["text"] == "hello\nthere 東京"
+    assert doc["file"] == "a b.wav" and doc["segments"] == SEGMENTS and doc["text"] == "hello there 東京"
     pretty = render("json", "a b.wav", SEGMENTS)
     assert pretty.count("\n") > 1 and json.loads(pretty) == doc
+
+
+def test_render_cues_of_fixed_windows_hold_one_line_each():
+    """vad=none's windows as srt/vtt cues: a segment's text on one line (a blank line would end
+    the cue), '-->' written '->', no cue for a window without text; the text is the API's
+    (Transcript.text's CJK-aware join)."""
+    segments = SEGMENTS + [{"start": 31.5, "end": 40.0, "text": "  "},
+                           {"start": 40.0, "end": 41.0, "text": "a --> b\n\nc"}]
+    assert render("srt", "x", segments) == ("1\n00:00:00,000 --> 00:00:30,000\nhello there\n\n"
+                                            "2\n00:00:30,000 --> 00:00:31,500\n東京\n\n"
+                                            "3\n00:00:40,000 --> 00:00:41,000\na -> b c\n\n")
+    assert render("vtt", "x", segments).count(" --> ") == 3
+    assert render("txt", "x", [{"start": 0, "end": 1, "text": "今天"}, {"start": 1, "end": 2, "text": "很好"}]) == "今天很好\n"
 
 
 def _leftovers(d: Path) -> list[str]:

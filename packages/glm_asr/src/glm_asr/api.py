@@ -20,7 +20,7 @@ from tilekernels.runtime import CheckpointError, pick_device, resolve, using
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 from tilekernels.runtime.sampler import MAX_TEMPERATURE
 
-from .audio import SAMPLE_RATE, Audio, AudioError, stdin_to_file
+from .audio import MIN_RATE, SAMPLE_RATE, Audio, AudioError, stdin_to_file
 from .pipeline import ENCODER_BATCH, MAX_BATCH, Fallback, Transcriber, with_context
 from .subtitles import join_text
 from .vad import VadOptions
@@ -204,12 +204,23 @@ def vad_settings(vad: str, options) -> VadOptions | None:
     return VadOptions(**(options or {}))
 
 
+MAX_RATE = 768_000          # Hz: the highest rate audio hardware and files use
+
+
 def _samples(x: np.ndarray, rate: int | None) -> np.ndarray:
-    """(n,) or (n, channels) samples at `rate` as 16 kHz mono float32."""
+    """(n,) or (n, channels) samples at `rate` as 16 kHz mono float32 (integer PCM scaled to
+    [-1, 1), as soundfile reads it)."""
     if rate is None:
         raise ValueError("sample_rate is needed with samples")
+    if isinstance(rate, bool) or not isinstance(rate, (int, np.integer)) or not MIN_RATE <= rate <= MAX_RATE:
+        raise ValueError(f"sample_rate must be an integer from {MIN_RATE} to {MAX_RATE} Hz, got {rate!r}")
     if x.ndim not in (1, 2) or x.size == 0:
         raise ValueError(f"samples must be (n,) or (n, channels), got shape {x.shape}")
+    if x.dtype.kind in "iu":
+        x = (x.astype(np.float64) - (1 << (8 * x.itemsize - 1) if x.dtype.kind == "u" else 0)) \
+            / (1 << (8 * x.itemsize - 1))
+    elif x.dtype.kind != "f":
+        raise ValueError(f"samples must be floating point or integer PCM, got {x.dtype}")
     if not np.isfinite(x).all():
         raise ValueError("samples contain NaN or infinite values")
     mono = (x if x.ndim == 1 else x.mean(axis=1)).astype(np.float32)

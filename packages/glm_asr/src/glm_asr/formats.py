@@ -7,9 +7,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from .subtitles import cues, join_text
+from .subtitles import cue_text, cues, join_text
 
 FORMATS = ("txt", "json", "srt", "vtt")
+UMASK = os.umask(0o022)     # the process's, read once here (reading it sets it: not from threads)
+os.umask(UMASK)
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -20,22 +22,20 @@ def _stamp(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def join(segments: list[dict]) -> str:
-    return " ".join(s["text"].strip() for s in segments if s["text"].strip())
-
-
 def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, readable: bool = False) -> str:
     """One file's transcript in fmt; json_line: its JSON on one line (JSON Lines, several files on
-    one stream). readable (speech segments from VAD): srt/vtt cues of at most 2 lines of 42
-    characters and 7 s (subtitles.cues), text joined with CJK-aware spacing, an empty file empty."""
-    text = join_text(segments) if readable else join(segments)
+    one stream). The text is the segments' joined with CJK-aware spacing (Transcript.text's); srt
+    and vtt cues hold a segment's text on one line (subtitles.cue_text; none for no text), or with
+    readable (speech segments from VAD) at most 2 lines of 42 characters and 7 s (subtitles.cues),
+    and an empty file is empty."""
+    text = join_text(segments)
     if fmt == "txt":
         return text + "\n" if text or not readable else ""
     if fmt == "json":
         return json.dumps({"file": source, "text": text, "segments": segments}, ensure_ascii=False,
                           indent=None if json_line else 2) + "\n"
-    if readable:
-        segments = cues(segments)
+    segments = cues(segments) if readable else [{**s, "text": cue_text(s["text"])} for s in segments
+                                                if cue_text(s["text"])]
     if fmt == "srt":
         return "".join(f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n\n"
                        for i, s in enumerate(segments, 1))
@@ -107,9 +107,7 @@ def write_atomic(path: Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{temporary_stem(path.name)}.")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)       # mkstemp's 0600 would outlive the rename
+        os.chmod(tmp, 0o666 & ~UMASK)       # mkstemp's 0600 would outlive the rename
         os.replace(tmp, path)
     except OSError as e:
         raise OSError(f"{path}: cannot write ({e.strerror or e})") from None

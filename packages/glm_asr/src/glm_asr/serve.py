@@ -12,10 +12,11 @@ context hint: our `context`, read after the instruction, the server's `prompt` o
 /v1/realtime WebSocket (OpenAI's Realtime transcription events, server VAD or push-to-talk:
 glm_asr.realtime), GET /v1/models, /health, /metrics. Every option of python -m glm_asr.transcribe
 is the default of each request (max_new_tokens, vad, vad_options, audio_stream, the instruction);
-the text equals the CLI's for the same file and options. Every upload goes through one long-running pipeline (SharedPipeline:
-Transcriber.transcribe_many over the uploads as they come), so the windows of all requests in
-flight are encoded and decoded together on the engine. Uploads stream to a temporary file (limit
-max_upload_mb, checked as they come), deleted when the request ends.
+the text equals the CLI's for the same file and options. Every upload goes through one
+long-running pipeline (SharedPipeline: Transcriber.transcribe_many over the uploads as they
+come), so the windows of all requests in flight are encoded and decoded together on the engine.
+Uploads stream to a temporary file (limit max_upload_mb, checked as they come), deleted when the
+request ends.
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Jo
 
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, fallback_settings, load, vad_settings
 from .audio import SAMPLE_RATE, Audio, AudioError
-from .formats import join, render
+from .formats import render
 from .subtitles import join_text
 from .pipeline import Dropped, with_context
 from .reading import Cut
@@ -276,7 +277,7 @@ def add_transcriptions(app, s: Served) -> None:
         job = s.counted(submit(s.worker(), job), seconds)
         if stream:
             job.future.add_done_callback(lambda _: shutil.rmtree(scratch, ignore_errors=True))
-            return StreamingResponse(transcript_events(request, job, o["vad"] == "silero"),
+            return StreamingResponse(transcript_events(request, job),
                                      media_type="text/event-stream", headers={"cache-control": "no-cache"})
         try:
             r = await wait(request, job)
@@ -305,7 +306,7 @@ def add_realtime(app, s: Served, api_key: str | None) -> None:
                                                              lambda c: s.instruction({"prompt": c})))
 
 
-async def transcript_events(request: Request, job: Job, readable: bool):
+async def transcript_events(request: Request, job: Job):
     """OpenAI's transcription stream (server-sent events): a transcript.text.delta a segment, as
     soon as it and those before it are decoded, then transcript.text.done with the whole text
     (the deltas joined) and the tokens used; a failure ends it with an error event. A client
@@ -313,7 +314,6 @@ async def transcript_events(request: Request, job: Job, readable: bool):
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
 
-    joined = join_text if readable else join
     job.future.add_done_callback(lambda _: job.emit(None))     # after the last segment: the end
     segments, text, used_in, used_out = [], "", 0, 0
     try:
@@ -321,12 +321,12 @@ async def transcript_events(request: Request, job: Job, readable: bool):
             segment, prompt_tokens, new_tokens = item
             segments.append(segment)
             used_in, used_out = used_in + prompt_tokens, used_out + new_tokens
-            now = joined(segments)
+            now = join_text(segments)
             if len(now) > len(text):
                 yield event({"type": "transcript.text.delta", "delta": now[len(text):]})
                 text = now
         try:
-            final = joined([asdict(s) for s in job.future.result().segments])
+            final = join_text([asdict(s) for s in job.future.result().segments])
         except Exception as e:  # noqa: BLE001 - the headers are gone: said in the stream
             yield event({"error": {"message": str(e), "type": "invalid_request_error", "param": "file",
                                    "code": "invalid_audio"}})
@@ -369,7 +369,7 @@ def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, lang
     """The response in an OpenAI response_format; the text as the CLI writes it (txt without its
     final newline; srt and vtt as the CLI's files)."""
     segments = [asdict(s) for s in r.segments]
-    text = r.text if readable else join(segments)
+    text = r.text
     if fmt == "json":
         return JSONResponse({"text": text})
     if fmt == "verbose_json":

@@ -44,6 +44,12 @@ def normalise(text: str) -> str:
     return " ".join(text.split())
 
 
+def cue_text(text: str) -> str:
+    """A segment's text as a cue holds it: normalised, and '-->' (which would end a cue's timing
+    line early in a player) written '->', as Whisper's writers do."""
+    return normalise(text).replace("-->", "->")
+
+
 def _breaks(text: str) -> dict[int, int]:
     """{position: priority} of the places where text may be cut (text[:i], text[i:]): before a
     space (the cut drops it), between CJK characters, else inside a word (HARD); never before
@@ -145,7 +151,7 @@ def cues(segments: list[dict], max_width: int = MAX_WIDTH, max_lines: int = MAX_
     max_duration seconds, in order, times monotone; segments without text give none."""
     out = []
     for seg in segments:
-        t = _Text(normalise(seg.get("text") or ""))
+        t = _Text(cue_text(seg.get("text") or ""))
         n = len(t.text)
         if not n:
             continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -13,19 +14,20 @@ from pathlib import Path
 from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit_with_one_line_errors, options, \
     run_hydra, split_args
 
-from ..formats import check_output_dir, output_names, temporary_stem
+from ..formats import check_output_dir, temporary_stem
 from ..pipeline import with_context
 from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, loop_guard, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
-from .manifest import plan_tasks, probe_duration, read_manifest
+from .manifest import kept_names, plan_tasks, probe_duration, read_manifest
 from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
-from .worker import prepare, transcribe_files
+from .worker import output_exists, prepare, transcribe_files
 
 
 MAX_WORKERS = 1024      # local worker processes at most (each holds a model)
 # transcribe's options and where the work runs (gpus and workers: worker_plan checks them against the machine)
 BULK_OPTIONS = {**SHARED_OPTIONS, "manifest": OptStr, "glob": Str, "gpus": OptInt(min=0),
-                "workers": OptInt(min=1, max=MAX_WORKERS), "scheduler": OptStr, "task_seconds": Float(min=0), "dashboard": OptStr}
+                "workers": OptInt(min=1, max=MAX_WORKERS), "scheduler": OptStr, "task_seconds": Float(min=0),
+                "dashboard": OptStr}
 
 
 def check_options(cfg, inputs: list[str]) -> dict:
@@ -66,12 +68,14 @@ def _probe_all(items: list[Item], tty: bool) -> list[Item]:
 
 
 def _remove_stale_temporaries(out_dir: Path, names: set[str]) -> None:
-    """write_atomic's temporaries (.<stem>.<random>, formats.temporary_stem) of this manifest's
-    outputs that a killed worker left behind (the run is over: nothing of it is writing)."""
+    """write_atomic's temporaries (.<stem>.<mkstemp's 8 characters>, formats.temporary_stem) of this
+    manifest's outputs that a killed worker left behind (the run is over: nothing of it is
+    writing); a user's .<name>.swp or .bak stays."""
     stems = {temporary_stem(n) for n in names}
     with os.scandir(out_dir) as it:
         for e in it:
-            if e.name.startswith(".") and e.name[1:].rsplit(".", 1)[0] in stems and e.is_file():
+            stem, _, tail = e.name[1:].rpartition(".")
+            if e.name.startswith(".") and stem in stems and re.fullmatch(r"[a-z0-9_]{8}", tail) and e.is_file():
                 with contextlib.suppress(OSError):
                     os.unlink(e.path)
 
@@ -88,8 +92,8 @@ def _work_list(o: dict, out_dir: Path) -> tuple[list[str], list[str], list[Item]
     if repeated:
         print(f"warning: {repeated} path{'s' * (repeated > 1)} appear more than once in the manifest; each is "
               f"transcribed again under its own name", file=sys.stderr)
-    names = output_names(sources, o["output_format"])
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = kept_names(sources, o["output_format"], out_dir)
     existing = set(os.listdir(out_dir))
     return sources, names, [Item(s, os.path.abspath(s), n) for s, n in zip(sources, names) if n not in existing]
 
@@ -199,7 +203,7 @@ def _transcribe_all(client, items: list[Item], tasks: list[list[int]], job: dict
                 if len(task) > 1:           # find the file that kills workers: its group's files one by one
                     return [[i] for i in task]
                 it = items[task[0]]
-                if (Path(job["output_dir"]) / it.name).exists():
+                if output_exists(Path(job["output_dir"]) / it.name):
                     tally.done += 1
                     return None
                 fail(it, "the worker died while transcribing it, each of the times Dask tried "

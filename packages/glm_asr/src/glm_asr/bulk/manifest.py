@@ -2,11 +2,52 @@
 make (one long file, or short ones grouped to about task_seconds of audio)."""
 from __future__ import annotations
 
+import json
+import os
+from collections import Counter
 from pathlib import Path
 
 from ..audio import EXTENSIONS
+from ..formats import output_names, write_atomic
 
 MAX_GROUP = 100         # files in one task at most
+NAMES = ".glm_asr-bulk-names.json"      # in output_dir: which source each output name was given to
+
+
+def kept_names(sources: list[str], fmt: str, out_dir: Path) -> list[str]:
+    """Each source's output name in out_dir, the same from run to run whatever the manifest
+    became: a source keeps the name an earlier run gave it (NAMES records them, per format);
+    a new one gets formats.output_names', or if a recorded source holds that, the next free
+    <stem>-<n>. So a resumed run never takes another file's transcript for a new file's (a
+    repeated path's k-th occurrence is its own source)."""
+    path = out_dir / NAMES
+    try:
+        every = json.loads(path.read_text(encoding="utf-8"))
+        recorded = every.get(fmt, {}) if isinstance(every, dict) else {}
+    except (OSError, ValueError):
+        every, recorded = {}, {}
+    seen = Counter()
+    keys = []
+    for s in sources:
+        a = os.path.abspath(s)
+        keys.append(a if not seen[a] else f"{a}#{seen[a]}")
+        seen[a] += 1
+    owners = {n: k for k, n in recorded.items()}
+    names, taken = [], set()
+    for source, key, fresh in zip(sources, keys, output_names(sources, fmt)):
+        name = recorded.get(key)
+        if name is None:
+            name, n = fresh, 0
+            stem = "stdin" if source == "-" else Path(source).stem
+            while owners.get(name, key) != key or name in taken:
+                n += 1
+                name = f"{stem}-{n}.{fmt}"
+        names.append(name)
+        taken.add(name)
+    if any(recorded.get(k) != n for k, n in zip(keys, names)):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({**every, fmt: {**recorded, **dict(zip(keys, names))}}, ensure_ascii=False))
+    return names
 
 
 def read_manifest(manifest: str | Path, glob: str = "**/*", extensions=EXTENSIONS) -> list[str]:
@@ -26,7 +67,7 @@ def read_manifest(manifest: str | Path, glob: str = "**/*", extensions=EXTENSION
             raise ValueError(f"glob {glob!r}: {e}") from None
         return sorted(str(p) for p in found)
     try:
-        text = m.read_text(encoding="utf-8")
+        text = m.read_text(encoding="utf-8-sig")      # a BOM (Windows editors) is not part of the first path
     except UnicodeDecodeError:
         raise ValueError(f"manifest {manifest}: not a UTF-8 text file of paths") from None
     paths = []

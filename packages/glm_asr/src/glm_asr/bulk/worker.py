@@ -95,6 +95,15 @@ def _reason(e: Exception, path: str, source: str) -> str:
     return msg.replace(path, source)
 
 
+def output_exists(path: Path) -> bool:
+    """Whether an output exists (a name the file system refuses, too long: no; writing it is then
+    that file's error, not the task's)."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]:
     """A task: transcribe each (source, absolute path, output name) into job's output_dir as the
     command line does (formats.render with the file as the manifest gives it), skipping outputs
@@ -109,7 +118,7 @@ def transcribe_files(files: list[tuple[str, str, str]], job: dict) -> list[dict]
                                                "temperature", "compression_ratio_threshold",
                                                "logprob_threshold")})
     out_dir = Path(job["output_dir"])
-    results = [{"name": name, "seconds": 0.0, "error": None, "warnings": [], "exists": (out_dir / name).exists()}
+    results = [{"name": name, "seconds": 0.0, "error": None, "warnings": [], "exists": output_exists(out_dir / name)}
                for _, _, name in files]
     todo = [(f, r) for f, r in zip(files, results) if not r["exists"]]
     for ((source, path, name), r), pending in zip(todo, feed.submit([path for (_, path, _), _ in todo])):
