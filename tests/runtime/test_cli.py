@@ -204,7 +204,8 @@ def test_render_cues_of_fixed_windows_hold_one_line_each():
                                             "2\n00:00:30,000 --> 00:00:31,500\n東京\n\n"
                                             "3\n00:00:40,000 --> 00:00:41,000\na -> b c\n\n")
     assert render("vtt", "x", segments).count(" --> ") == 3
-    assert render("txt", "x", [{"start": 0, "end": 1, "text": "今天"}, {"start": 1, "end": 2, "text": "很好"}]) == "今天很好\n"
+    cjk = [{"start": 0, "end": 1, "text": "今天"}, {"start": 1, "end": 2, "text": "很好"}]
+    assert render("txt", "x", cjk) == "今天很好\n"
 
 
 def _leftovers(d: Path) -> list[str]:
