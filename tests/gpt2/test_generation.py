@@ -83,6 +83,9 @@ def test_scores_at_full_context_seeds_by_prompt_and_empty_stops(ckpt):
     assert scored[0] is None and np.allclose([t.logprob for t in scored[1:]], want, atol=1e-5)
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
         lm.generate([ids], max_new_tokens=2)
+    assert len(lm.generate([ids[:60]], max_new_tokens=4, temperature=0)[0].tokens) <= 4     # 64 in all
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):      # its last step would embed
+        lm.generate([ids[:60]], max_new_tokens=5)                               # a token at position 64
     both = lm.generate(["To be", "the slings"], max_new_tokens=8, temperature=1.0, seed=11, num_samples=2)
     alone = lm.generate("the slings", max_new_tokens=8, temperature=1.0, seed=11, num_samples=2)
     assert [o.tokens for o in both[2:]] == [o.tokens for o in alone] and alone[0].tokens != alone[1].tokens

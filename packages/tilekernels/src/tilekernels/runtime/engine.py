@@ -49,11 +49,11 @@ def at(scores: tuple | None, index) -> tuple | None:
 
 def check_length(model, longest: int, max_new_tokens: int) -> None:
     """Refuse a request the model's positions cannot hold (before any work or output): the prompt
-    and every new token but the last (which is never fed back), so a prompt of all the positions
-    can still be scored."""
+    and its new tokens (a decode step embeds its token's successor at the next position). One
+    new token comes from the prompt's pass alone, so a prompt of all the positions can be scored."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if longest + max_new_tokens - 1 > model.max_positions:
+    if longest + max_new_tokens - (max_new_tokens == 1) > model.max_positions:
         raise ValueError(f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
                          f"model's {model.max_positions} positions")
 
