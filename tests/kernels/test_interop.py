@@ -59,6 +59,8 @@ def test_numpy_passes_through_unchanged(rng):
     (lambda x: tk.linear(x, np.ones((3, 8), np.float32), norm=tk.LayerNorm(HostArray(np.ones(8, np.float32)))),
      "norm"),
     (lambda x: tk.attention(x[None, None], x[None, None], v=HostArray(x[None, None])), "v"),
+    (lambda x: tk.logprobs(x, np.zeros(2, np.int64), 2, out=(HostArray(np.zeros(2, np.float32)), None, None)),
+     "out"),                                                            # inside a tuple too
 ])
 def test_a_host_array_is_one_clear_error(call, name):
     x = np.ones((2, 8), np.float32)

@@ -111,3 +111,30 @@ def test_numpy_in_numpy_out():
 def test_bad_input_is_named(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_bad_lengths_positions_and_settings_fail_before_any_write():
+    """kv_len out of range, a decode row's length past its cache, a step tail whose next position or
+    chosen id falls outside its tables, a float top_k, odd rotary_dim: one error naming the
+    argument, and nothing written before it."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 9, 8)).astype(np.float32)
+    for n in (0, -2, 12):
+        with pytest.raises(ValueError, match="kv_len"):
+            tk.attention(q, k, k, kv_len=np.array([n], np.int32))
+    qkv = rng.standard_normal((2, 1, 3 * 16)).astype(np.float32)
+    cache = np.zeros((2, 2, 6, 8), np.float32)
+    with pytest.raises(ValueError, match="lengths"):
+        tk.decode_attention(qkv, cache, cache.copy(), np.zeros(1, np.int32), 2, lengths=np.array([1, 6], np.int64))
+    assert not cache.any()
+    logits = rng.standard_normal((2, 5)).astype(np.float32)
+    out, positions = np.full(2, -1, np.int64), np.array([4, 0], np.int64)
+    table, pos_table, rows = np.ones((5, 3), np.float32), np.ones((5, 3), np.float32), np.zeros((2, 3), np.float32)
+    with pytest.raises(ValueError, match="positions"):
+        tk.argmax(logits, out, positions=positions, embed=(table, pos_table, rows))
+    assert (out == -1).all() and positions.tolist() == [4, 0]
+    with pytest.raises(TypeError, match="top_k"):
+        tk.sample(logits, np.zeros(2, np.float32), top_k=2.0)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        tk.rope_cos_sin(np.arange(4), 5)

@@ -154,7 +154,14 @@ def tail_arrays(out, positions, counters, embed) -> dict:
 
 def tail_reference(y: np.ndarray, out, positions, counters, embed) -> np.ndarray:
     """The step tail on the CPU (argmax's and sample's): y (the chosen int64 ids) into out,
-    then positions and counters advanced and the next input embedded, in place."""
+    then positions and counters advanced and the next input embedded, in place (ids and positions
+    checked against the tables first, so a bad one changes nothing)."""
+    if embed is not None:
+        table, pos_table, _ = embed
+        if not np.all((0 <= y) & (y < len(table))):
+            raise ValueError(f"embed: a chosen id is outside the table's {len(table)} rows")
+        if pos_table is not None and positions is not None and not np.all(positions + 1 < len(pos_table)):
+            raise ValueError(f"positions: the next position is outside the pos_table's {len(pos_table)} rows")
     if out is not None:
         out[...] = y
         y = out

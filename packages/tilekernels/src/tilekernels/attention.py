@@ -169,6 +169,8 @@ def attention(q, k, v, causal: bool = False, scale: float | None = None, kv_star
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     if kind == "numpy":
         if kv_len is not None:
+            if not 1 <= int(kv_len[0]) <= k.shape[2]:
+                raise ValueError(f"kv_len: must be from 1 to Tk={k.shape[2]}, got {int(kv_len[0])}")
             k, v = k[:, :, : int(kv_len[0])], v[:, :, : int(kv_len[0])]
         return attention_reference(q, k, v, causal, scale, kv_start)
     if d & (d - 1) or d > 256:

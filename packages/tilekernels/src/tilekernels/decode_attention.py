@@ -387,7 +387,8 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
     """
     from .attention import attention_reference
 
-    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin)
+    kind = backend(qkv=qkv, k_cache=k_cache, v_cache=v_cache, start=start, kv_start=kv_start, cos=cos, sin=sin,
+                   lengths=lengths)
     kv_start, rotary_dim = check_fused_qkv(qkv, k_cache, v_cache, start, heads, kv_start, cos, sin, rotary_dim)
     bsz, t, _ = qkv.shape
     _, hkv, t_max, d = k_cache.shape
@@ -398,6 +399,8 @@ def decode_attention(qkv, k_cache, v_cache, start, heads: int, scale: float | No
         check("lengths", lengths, shape=(bsz,), dtype=np.int64)
     out_dtype = result_dtype(out_dtype)
     if kind == "numpy" and lengths is not None:
+        if not np.all((0 <= lengths) & (lengths < t_max)):       # checked before any row's cache is written
+            raise ValueError(f"lengths: each must be from 0 to {t_max - 1} (a cache of {t_max}), got {lengths}")
         return np.concatenate([decode_attention(qkv[b:b + 1], k_cache[b:b + 1], v_cache[b:b + 1],
                                                 np.array([n], np.int32), heads, scale, None, cos, sin, rotary_dim,
                                                 out_dtype=out_dtype)

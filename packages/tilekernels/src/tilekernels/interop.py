@@ -25,9 +25,10 @@ __all__ = ["any_array", "kind_of"]
 _CUDA = (2, 3, 13)      # DLPack device types: CUDA, CUDA host (pinned), CUDA managed
 ARRAYS = ("torch", "jax", "dlpack", "cai")
 # what each argument type is: an array kind above, "fields" (a dataclass: a norm, whose
-# parameters may be foreign), "dtype" (a torch dtype) or None (passed through as it is)
+# parameters may be foreign), "items" (a tuple or list: out=(...), embed=(...)), "dtype" (a torch
+# dtype) or None (passed through as it is)
 _KINDS: dict[type, str | None] = {np.ndarray: None, int: None, float: None, bool: None, str: None,
-                                  type(None): None, tuple: None, list: None}
+                                  type(None): None, tuple: "items", list: "items"}
 
 
 def _classify(t: type) -> str | None:
@@ -61,10 +62,13 @@ def kind_of(a: Any) -> str | None:
 
 
 def _converts(a: Any) -> bool:
-    """Whether an argument needs converting: a foreign array, a norm holding one, a torch dtype."""
+    """Whether an argument needs converting: a foreign array, a norm or tuple holding one, a torch
+    dtype."""
     kind = _kind(a)
     if kind == "fields":
         return any(kind_of(getattr(a, f.name)) for f in dataclasses.fields(a))
+    if kind == "items":
+        return any(_converts(x) for x in a)
     return kind is not None
 
 
@@ -112,10 +116,12 @@ def _inward_all(bound: inspect.BoundArguments, given: dict[int, Any]) -> None:
 
 
 def _arrays(values):
-    """The foreign arrays among an op's arguments (a norm's parameters included)."""
+    """The foreign arrays among an op's arguments (a norm's parameters and a tuple's items included)."""
     for a in values:
         if _kind(a) == "fields":
             yield from (getattr(a, f.name) for f in dataclasses.fields(a) if kind_of(getattr(a, f.name)))
+        elif _kind(a) == "items":
+            yield from _arrays(a)
         elif kind_of(a):
             yield a
 
@@ -163,6 +169,8 @@ def _inward(a: Any, given: dict[int, Any]) -> Any:
         changes = {f.name: _inward(getattr(a, f.name), given) for f in dataclasses.fields(a)
                    if kind_of(getattr(a, f.name))}
         return dataclasses.replace(a, **changes) if changes else a
+    if _kind(a) == "items":
+        return type(a)(_inward(x, given) for x in a)
     kind = kind_of(a)
     if kind is None:
         return _numpy_dtype(a) if _kind(a) == "dtype" else a

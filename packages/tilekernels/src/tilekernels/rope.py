@@ -19,7 +19,14 @@ ConstInt = ct.Constant[int]
 
 @any_array
 def rope_cos_sin(positions, rotary_dim: int, theta: float = 10000.0):
-    """cos, sin of shape positions.shape + (rotary_dim/2,), float32, as HF computes them."""
+    """cos, sin of shape positions.shape + (rotary_dim/2,), float32, as HF computes them
+    (positions: integers; rotary_dim: even)."""
+    backend(positions=positions)
+    if positions.dtype.kind not in "iu":
+        raise TypeError(f"positions: expected integer positions, got dtype {positions.dtype}")
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, (int, np.integer)) or rotary_dim < 2 \
+            or rotary_dim % 2:
+        raise ValueError(f"rotary_dim: expected an even number >= 2, got {rotary_dim!r}")
     xp = array_module(positions)
     exponent = xp.arange(0, rotary_dim, 2, dtype=xp.float32) / xp.float32(rotary_dim)
     inv_freq = (1.0 / (xp.float32(theta) ** exponent)).astype(xp.float32)

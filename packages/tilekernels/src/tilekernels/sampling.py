@@ -274,6 +274,8 @@ def _per_row(name: str, v, rows: int, kind: str, dtype, valid, why: str):
     """A setting given once or per row: a checked scalar, or a (rows,) array of the backend
     (values checked on the CPU; on the GPU they stay where they are)."""
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        if np.dtype(dtype).kind == "i" and not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an integer, got {v!r}")
         if not valid(np.asarray(v)).all():
             raise ValueError(f"{name}: expected {why}, got {v}")
         return v
