@@ -970,6 +970,20 @@ def test_sample_distribution(rng):
     assert np.abs(counts / rows - p).max() < 4 * np.sqrt(0.25 / rows)
 
 
+def test_sample_takes_minus_zero_for_plus_zero():
+    """-0.0 and +0.0 are equal logits, as the reference compares them: the first of them wins a
+    greedy pick, and top_k counts them as one value's ties."""
+    import cupy
+
+    x = np.array([[-0.0, 0.0, -1.0], [1.0, 0.0, -0.0]], np.float32)
+    bias = np.zeros_like(x)
+    for kw in (dict(temperature=0.0), dict(temperature=1.0, top_k=2)):
+        u = np.array([0.999, 0.999], np.float32)
+        want = tk.sample(x, u, bias=bias, **kw)
+        got = tk.sample(cupy.asarray(x), cupy.asarray(u), bias=cupy.asarray(bias), **kw).get()
+        assert np.array_equal(got, want), kw
+
+
 @pytest.mark.parametrize("rows,n,c", [(1, 50257, 768), (3, 769, 7)])
 def test_sample_step_tail(poisoned, rng, rows, n, c):
     """Positions, counters and the next input's embedding, as the numpy op leaves them."""

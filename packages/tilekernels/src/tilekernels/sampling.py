@@ -106,9 +106,11 @@ def sample_reference(x: np.ndarray, uniforms: np.ndarray | None, temperature: fl
 
 # ---------------------------------------------------------------------- kernels
 def order_key(x):
-    """Tile helper: int32 keys of float32 values, in the same order (-0 just below +0)."""
+    """Tile helper: int32 keys of float32 values, in the same order (-0 and +0 the same key, as
+    they compare equal in the reference)."""
     b = ct.bitcast(x, ct.int32)
-    return ct.where(b < 0, ct.bitwise_xor(b, INT32_MAX), b)
+    key = ct.where(b < 0, ct.bitwise_xor(b, INT32_MAX), b)
+    return ct.where(key == -1, 0, key)                  # -0's key (-1: no other value's) is +0's
 
 
 def _chunk(X, r, c, TILE):
