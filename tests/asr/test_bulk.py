@@ -459,3 +459,16 @@ def test_a_manifest_with_a_byte_order_mark(tmp_path):
 
     (tmp_path / "m.txt").write_text("\ufeff/abs/one.wav\nrel/two.wav\n", encoding="utf-8")
     assert read_manifest(tmp_path / "m.txt") == ["/abs/one.wav", str(tmp_path / "rel" / "two.wav")]
+
+
+def test_a_moved_corpus_keeps_its_output_names(tmp_path):
+    """Sources whose recorded names' owners have all left the manifest (the corpus mounted
+    elsewhere) get those names back: their outputs count as done."""
+    from glm_asr.bulk.manifest import kept_names
+
+    out = tmp_path / "out"
+    old = [str(tmp_path / "old" / f) for f in ("a.wav", "b.wav")]
+    new = [str(tmp_path / "new" / f) for f in ("a.wav", "b.wav")]
+    assert kept_names(old, "txt", out) == ["a.txt", "b.txt"]
+    assert kept_names(new, "txt", out) == ["a.txt", "b.txt"]
+    assert kept_names(new + old, "txt", out) == ["a.txt", "b.txt", "a-2.txt", "b-2.txt"]   # both listed: apart

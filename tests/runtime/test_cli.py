@@ -122,6 +122,15 @@ def test_what_hydra_refuses_is_one_line(module, arg, says, tmp_path):
 
 # --- split_args(): input paths beside Hydra's overrides -------------------------------------
 
+def test_a_key_deleted_from_the_config_is_one_line(tmp_path):
+    """~prompt leaves gpt.generate's body a config without the key: one line, not Hydra's report
+    ("Error executing job ...") before it."""
+    r = subprocess.run([sys.executable, "-m", "gpt.generate", "~prompt"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: Key 'prompt' is not in struct; "
+                                                                   "full_key: prompt; object_type=dict"], r.stderr
+
+
 def test_split_args_existing_paths_are_inputs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("name=with_equals.wav", "-dash.wav", "plain.wav"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import sys
 import time
@@ -39,23 +40,22 @@ def clock(seconds: float) -> str:
 
 
 async def pieces(audio: Audio | None, rate: int) -> AsyncIterator[bytes]:
-    """pcm16 bytes of PIECE_S each: an opened file's samples (read at 16 kHz), or (None) standard
-    input's."""
+    """pcm16 bytes of PIECE_S each: an opened file's samples (read at 16 kHz; the caller closes
+    it), or (None) standard input's."""
     if audio is None:
         size = 2 * max(1, round(rate * PIECE_S))
         while data := await asyncio.to_thread(sys.stdin.buffer.read, size):
             yield data[: len(data) - len(data) % 2]
         return
     step = round(SAMPLE_RATE * PIECE_S)
-    with audio:
-        rest = np.zeros(0, np.float32)
-        for block in audio:
-            rest = np.concatenate([rest, block])
-            while len(rest) >= step:
-                yield pcm16(rest[:step])
-                rest = rest[step:]
-        if len(rest):
-            yield pcm16(rest)
+    rest = np.zeros(0, np.float32)
+    for block in audio:
+        rest = np.concatenate([rest, block])
+        while len(rest) >= step:
+            yield pcm16(rest[:step])
+            rest = rest[step:]
+    if len(rest):
+        yield pcm16(rest)
 
 
 def pcm16(x: np.ndarray) -> bytes:
@@ -85,7 +85,8 @@ async def stream(o: dict, path: str, out=sys.stdout) -> int:
 
     try:
         async with ws:
-            return await session_run(ws, audio, rate, session, out, o)
+            with audio or contextlib.nullcontext():         # closed however the session ends
+                return await session_run(ws, audio, rate, session, out, o)
     except ConnectionClosed as e:
         raise OSError(f"the server closed the connection ({e})") from None
 

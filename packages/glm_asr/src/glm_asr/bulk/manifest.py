@@ -17,9 +17,10 @@ NAMES = ".glm_asr-bulk-names.json"      # in output_dir: which source each outpu
 def kept_names(sources: list[str], fmt: str, out_dir: Path) -> list[str]:
     """Each source's output name in out_dir, the same from run to run whatever the manifest
     became: a source keeps the name an earlier run gave it (NAMES records them, per format);
-    a new one gets formats.output_names', or if a recorded source holds that, the next free
-    <stem>-<n>. So a resumed run never takes another file's transcript for a new file's (a
-    repeated path's k-th occurrence is its own source)."""
+    a new one gets formats.output_names', or if another source of this manifest holds that, the
+    next free <stem>-<n>. So a resumed run never takes another listed file's transcript for a new
+    file's; a name whose source has left the manifest goes to whoever gets it now (a corpus
+    moved elsewhere keeps its outputs). A repeated path's k-th occurrence is its own source."""
     path = out_dir / NAMES
     try:
         every = json.loads(path.read_text(encoding="utf-8"))
@@ -32,7 +33,8 @@ def kept_names(sources: list[str], fmt: str, out_dir: Path) -> list[str]:
         a = os.path.abspath(s)
         keys.append(a if not seen[a] else f"{a}#{seen[a]}")
         seen[a] += 1
-    owners = {n: k for k, n in recorded.items()}
+    present = set(keys)
+    owners = {n: k for k, n in recorded.items() if k in present}
     names, taken = [], set()
     for source, key, fresh in zip(sources, keys, output_names(sources, fmt)):
         name = recorded.get(key)
@@ -45,8 +47,10 @@ def kept_names(sources: list[str], fmt: str, out_dir: Path) -> list[str]:
         names.append(name)
         taken.add(name)
     if any(recorded.get(k) != n for k, n in zip(keys, names)):
+        mine = dict(zip(keys, names))
+        kept = {k: n for k, n in recorded.items() if k not in mine and n not in taken}    # names handed on leave
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({**every, fmt: {**recorded, **dict(zip(keys, names))}}, ensure_ascii=False))
+        write_atomic(path, json.dumps({**every, fmt: {**kept, **mine}}, ensure_ascii=False))
     return names
 
 

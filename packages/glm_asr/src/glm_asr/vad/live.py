@@ -61,14 +61,15 @@ class LiveVad:
 
     @property
     def buf(self) -> np.ndarray:
-        """The samples kept, from stream sample `origin`: a view of a store with room for SLACK more
-        (a live stream's small appends copy only themselves until it fills)."""
+        """The samples kept, from stream sample `origin`: a view of a store with room for as many
+        again, at most SLACK more (a live stream's small appends copy only themselves until it
+        fills)."""
         return self._store[self._lo:self._hi]
 
     def _keep(self, x: np.ndarray) -> None:
         n, m = self._hi - self._lo, len(x)
         if self._hi + m > len(self._store):
-            store = np.empty(n + m + SLACK, np.float32)
+            store = np.empty(n + m + min(SLACK, max(m, n)), np.float32)     # small streams stay small
             store[:n] = self.buf
             self._store, self._lo, self._hi = store, 0, n
         self._store[self._hi:self._hi + m] = x

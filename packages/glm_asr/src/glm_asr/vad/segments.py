@@ -16,7 +16,7 @@ CHAPTER_FRAMES = int(CHAPTER_S * SAMPLE_RATE) // FRAME
 
 
 MAX_MS = {"min_speech_duration_ms": 86_400_000, "min_silence_duration_ms": 600_000,    # a day; ten minutes
-          "speech_pad_ms": 60_000}            # past these no file changes (a pad is cut at 30 s anyway)
+          "speech_pad_ms": 60_000}            # a minute (a pad is cut to the 30 s window anyway)
 
 
 @dataclass

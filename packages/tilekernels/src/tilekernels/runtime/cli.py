@@ -191,11 +191,17 @@ def hydra_message(e: Exception) -> str:
 
 
 def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
-    """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback."""
+    """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback
+    (a config the body cannot read, say a key deleted with ~key, too: one line, as run_hydra's)."""
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         code = run() or 0
     except (CheckpointError, CompilerError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OmegaConfBaseException as e:
+        print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
