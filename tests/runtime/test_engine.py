@@ -341,3 +341,37 @@ def test_replays_start_with_two_single_steps_then_chains():
         if steps >= CHAIN + 2:
             assert sizes[:2] == [1, 1] and sizes.index(CHAIN) == 2
     assert chunk_sizes(63) == [1, 1] + [CHAIN] * 7 + [1] * 5
+
+
+def test_a_client_sending_request_after_request_is_never_refused(ckpt):
+    """A worker with room for one job at a time gives a job's rows back before its result wakes
+    anyone: a next request sent the moment the result is set (here from the future's own
+    callback) is taken, not refused with QueueFull (a 503 to a client sending one request after
+    another)."""
+    import asyncio
+
+    from tilekernels.runtime.server import EngineJob, EngineWorker, Metrics, QueueFull
+
+    async def chained() -> list:
+        loop = asyncio.get_running_loop()
+        worker = EngineWorker(Engine(GPT.load(ckpt), 1), 0, Metrics("chained"))
+        taken = []
+
+        def next_one(_):
+            try:
+                taken.append(worker.submit(EngineJob([Request([2], 2)], loop)))
+            except QueueFull:
+                taken.append(None)
+        try:
+            first = worker.submit(EngineJob([Request([1], 2)], loop))
+            first.future.add_done_callback(next_one)
+            await asyncio.wrap_future(first.future)
+            while not taken:
+                await asyncio.sleep(0.01)
+            if taken[0] is not None:
+                await asyncio.wrap_future(taken[0].future)
+            return taken
+        finally:
+            worker.stop(5)
+
+    assert None not in asyncio.run(chained())

@@ -119,12 +119,12 @@ class ThreadWorker:
         return job
 
     def _done(self, job: Job, result=None, error: BaseException | None = None) -> None:
+        with self._lock:                # first: a client woken by the result may submit again at once
+            self._live -= job.rows
         if error is None:
             job.future.set_result(result)
         else:
             job.future.set_exception(error)
-        with self._lock:
-            self._live -= job.rows
 
     def _run(self) -> None:
         raise NotImplementedError
