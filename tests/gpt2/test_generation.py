@@ -174,3 +174,20 @@ def test_vocab_and_merges_tokenizer(ckpt, tmp_path):
     old = load_tokenizer(d)
     text = "whether 'tis nobler in the mind"
     assert old.encode(text).ids == tok.encode(text).ids and old.decode(old.encode(text).ids) == text
+
+
+def test_two_streams_read_in_turn_and_a_generate_between(ckpt):
+    """Streams open at once on one model share its engine: each one's pieces join to its own
+    generate() text, read in turn, or across a generate() call made while one is open."""
+    lm = LanguageModel(GPT.load(ckpt), load_tokenizer(ckpt))
+    kw = dict(max_new_tokens=24, temperature=0)
+    want = [lm.generate(p, **kw)[0].text for p in ("To be", "the slings")]
+    a, b, got = lm.stream("To be", **kw), lm.stream("the slings", **kw), ["", ""]
+    for pa, pb in zip(a, b):
+        got[0], got[1] = got[0] + pa, got[1] + pb
+    got[0], got[1] = got[0] + "".join(a), got[1] + "".join(b)
+    assert got == want and all(want)
+    s = lm.stream("To be", **kw)
+    first = next(s)
+    assert lm.generate("the slings", **kw)[0].text == want[1]
+    assert first + "".join(s) == want[0]

@@ -55,18 +55,27 @@ def text_pieces(engine: Engine, prompts: list[list[int]], max_new_tokens: int, s
 def run(engine: Engine, reqs: list[Request]) -> Iterator[tuple[int, str]]:
     """Add the requests (all checked first: a bad one refuses the call before any work) and step
     the engine until they are done: (request tag, piece) as they come. Stopping the iteration
-    cancels what has not finished."""
+    cancels what has not finished. Several runs may be open on one engine at once (two
+    streams read in turn): a step's pieces go to their requests (Request.unread) before any is
+    handed out, and each run hands out its own, in order, whichever run stepped."""
     if not reqs:
         return
+    for r in reqs:
+        r.unread = []
     engine.add(*reqs)
-    mine = {id(r) for r in reqs}
     try:
-        while not all(r.finished for r in reqs):
+        while True:
+            done = all(r.finished for r in reqs)        # first: what another run adds meanwhile is drained
+            for r in reqs:
+                if r.error is not None:
+                    raise r.error
+                pieces, r.unread = r.unread, []
+                yield from ((r.tag, p) for p in pieces)
+            if done:
+                break
             for e in engine.step():
-                if id(e.request) in mine:
-                    if e.request.error is not None:
-                        raise e.request.error
-                    yield e.request.tag, e.piece
+                if e.request.unread is not None and e.piece:
+                    e.request.unread.append(e.piece)
     finally:
         for r in reqs:
             if not r.finished:
