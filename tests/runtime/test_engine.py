@@ -375,3 +375,25 @@ def test_a_client_sending_request_after_request_is_never_refused(ckpt):
             worker.stop(5)
 
     assert None not in asyncio.run(chained())
+
+
+def test_embeds_and_ids_in_one_prefill_each_get_their_own(ckpt):
+    """A request given as input embeddings admitted beside one of token ids: each row is built
+    from what its own request brings (the second's embeds were ignored, or the first's NaN), so
+    both get their tokens alone; embeds of the wrong width are refused."""
+    model = GPT.load(ckpt)
+    emb = np.asarray(model.embed(np.array([[40, 41, 42, 43]]), np.arange(4)[None]))[0]
+
+    def tokens(*reqs):
+        engine = Engine(model, 4)
+        engine.add(*reqs)
+        while engine.busy:
+            engine.step()
+        return [r.out.tokens for r in reqs]
+
+    embedded = lambda: Request([5, 6, 7, 8], 8, GREEDY, embeds=emb.copy())     # noqa: E731
+    plain = lambda: Request([1, 2, 3], 8, GREEDY)                                # noqa: E731
+    alone = tokens(embedded()) + tokens(plain())
+    assert tokens(plain(), embedded())[::-1] == alone and tokens(embedded(), plain()) == alone
+    with pytest.raises(ValueError, match="embeds must be"):
+        Engine(model, 4).add(Request([5, 6, 7, 8], 8, GREEDY, embeds=emb[:, :-1].copy()))

@@ -109,8 +109,10 @@ class Engine:
             raise ValueError(f"logit_bias: token ids must be in [0, {vocab})")
         if request.embeds is not None and s.prompt_logprobs is not None:
             raise ValueError("prompt_logprobs needs a prompt of token ids, not embeddings")
-        if request.embeds is not None and request.embeds.shape[0] != len(prompt):
-            raise ValueError(f"embeds hold {request.embeds.shape[0]} positions for {len(prompt)} prompt tokens")
+        width = self.model.embedding_tables[0].shape[1]
+        if request.embeds is not None and tuple(request.embeds.shape) != (len(prompt), width):
+            raise ValueError(f"embeds must be ({len(prompt)}, {width}) for {len(prompt)} prompt tokens, "
+                             f"got {tuple(request.embeds.shape)}")
         check_length(self.model, len(prompt), request.max_new_tokens)
         if len(request.prompt) + request.max_new_tokens - 1 > self.capacity:
             raise ValueError(f"prompt ({len(request.prompt)} tokens) + max_new_tokens ({request.max_new_tokens}) "

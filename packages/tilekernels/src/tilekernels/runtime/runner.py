@@ -137,18 +137,21 @@ class ModelRunner:
         return tuple(a.reshape(rows, width, *a.shape[1:]) for a in flat)
 
     def _inputs(self, requests: list[Request], ends: np.ndarray, width: int, rows: int):
-        """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i])."""
+        """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i]],
+        its own embeds where it brings them (GLM-ASR's audio prompts), else its ids embedded."""
         xp, m = self.xp, self.model
-        if requests[0].embeds is not None:
+        if all(r.embeds is not None for r in requests):
             x = xp.zeros((rows, width, requests[0].embeds.shape[-1]), np.float32)
+        else:
+            ids = np.full((rows, width), m.eos_ids[0], np.int64)
             for i, r in enumerate(requests):
-                x[i, :ends[i]] = xp.asarray(r.embeds)
-            return x
-        ids = np.full((rows, width), m.eos_ids[0], np.int64)
+                ids[i, :ends[i]] = r.prompt
+            positions = np.minimum(np.arange(width)[None, :], ends[:, None] - 1)
+            x = m.embed(xp.asarray(ids), xp.asarray(positions))
         for i, r in enumerate(requests):
-            ids[i, :ends[i]] = r.prompt
-        positions = np.minimum(np.arange(width)[None, :], ends[:, None] - 1)
-        return m.embed(xp.asarray(ids), xp.asarray(positions))
+            if r.embeds is not None:
+                x[i, :ends[i]] = xp.asarray(r.embeds)
+        return x
 
     def _first_tokens(self, requests: list[Request], logits, prompt_scores: tuple | None = None) -> "FirstTokens":
         """Each request's first token, drawn with its own generator, and its scores; its row of
