@@ -240,6 +240,14 @@ def test_a_bad_option_on_the_command_line_is_one_error_line(corpus, tmp_path):
     assert r.stderr.strip().splitlines() == ["error: gpus=2 with device=cpu: set device=gpu (or auto), or gpus=0"]
 
 
+def test_a_checkpoint_the_workers_cannot_load_is_one_error_line(corpus, tmp_path):
+    """The workers fail to load it: bulk says so in one line (the workers' own log of the failed
+    task, a traceback, stays out of the user's terminal)."""
+    r = run_module("glm_asr.bulk", f"manifest={corpus / 'manifest.txt'}", "device=cpu", "workers=1",
+                   "model.path=/nonexistent", f"output_dir={tmp_path / 'out'}", timeout=300)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: /nonexistent: no such directory"], r.stderr
+
+
 # ------------------------------------------------------------------ units
 def test_manifest_text_file(tmp_path):
     (tmp_path / "sub").mkdir()

@@ -76,6 +76,16 @@ def test_plain_stop_is_one_stop_string(ckpt, loaded):
     assert r.stdout == prompt + before + "\n", (s, text, r.stdout)
 
 
+def test_a_newline_in_a_stop_string_from_the_shell():
+    """stop='["\\n\\n",Sir]' (as the README writes it: the shell passes a backslash and an n) stops
+    at the first blank line, as prompt_file reads a literal \\n."""
+    base = ["model=shakespeare", "prompt=ROMEO:", "temperature=0", "max_new_tokens=60", "device=cpu"]
+    whole = cli(*base).stdout
+    assert "\n\n" in whole[len("ROMEO:"):]
+    cut = cli(*base, 'stop=["\\n\\n",Sir]').stdout
+    assert cut == whole[: whole.index("\n\n", len("ROMEO:"))] + "\n"
+
+
 @pytest.mark.parametrize("arg,message", [
     ("max_new_tokens=abc", "max_new_tokens must be an integer"),
     ("max_new_tokens=2.7", "max_new_tokens must be an integer"),

@@ -60,10 +60,11 @@ def read_prompts(prompt, prompt_file: str | None) -> list[str]:
 
 
 def stop_strings(stop) -> list[str]:
-    """stop=Sir is one stop string; stop='[a,b]' a list of them."""
+    """stop=Sir is one stop string; stop='[a,b]' a list of them; a literal \\n in one is a newline
+    (as in prompt_file: a shell passes none), so stop='["\\n\\n",Sir]' stops at a blank line."""
     if stop is None:
         return []
-    return [str(s) for s in stop] if isinstance(stop, ListConfig) else [str(stop)]
+    return [str(s).replace("\\n", "\n") for s in (stop if isinstance(stop, ListConfig) else [stop])]
 
 
 def run(cfg: DictConfig) -> None:

@@ -101,7 +101,7 @@ def _worker_process():
         async def _start(self) -> None:
             spec = {"cls": "distributed.Nanny", "opts": {"name": self.name, "nthreads": TASK_THREADS,
                                                          "memory_limit": 0, "host": "127.0.0.1", "death_timeout": 60}}
-            env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "error",
+            env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "critical",     # bulk says what failed
                    # the statistical profiler (the dashboard's) samples every thread's stack 100 times a second
                    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", **self.env}
             self.process = await asyncio.create_subprocess_exec(
