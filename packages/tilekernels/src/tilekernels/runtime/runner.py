@@ -137,7 +137,7 @@ class ModelRunner:
         return tuple(a.reshape(rows, width, *a.shape[1:]) for a in flat)
 
     def _inputs(self, requests: list[Request], ends: np.ndarray, width: int, rows: int):
-        """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i]],
+        """The right-padded input embeddings (rows, width, C): prompt i in columns [0, ends[i]),
         its own embeds where it brings them (GLM-ASR's audio prompts), else its ids embedded."""
         xp, m = self.xp, self.model
         if all(r.embeds is not None for r in requests):

@@ -70,7 +70,7 @@ class Request:
     out: Completion = field(default_factory=Completion)
     slot: int = -1
     error: BaseException | None = None
-    unread: list[str] | None = None     # pieces another run's steps made for it (generation.run's)
+    unread: list[str] | None = None     # its pieces not yet handed out by its generation.run (whichever stepped)
 
     def __post_init__(self):
         self.stop = [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]   # "" stops nothing
