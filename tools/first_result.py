@@ -7,6 +7,9 @@ hub layout (bfloat16 / float32 safetensors), FLAC files of 1 s, 30 s, 60 and 75 
 60-minute m4a (AAC). --record first writes the models' kernel manifests (tilekernels.cubins:
 packages/*/src/*/kernels/), each model in a process of its own running what it launches.
 
+Every command runs as a user's would, with Python writing bytecode (a host's PYTHONDONTWRITEBYTECODE
+is dropped for it: rows say whether the host set it).
+
 Cases (figure key in brackets; every row carries the run's stages, runtime.profile):
 - transcribe_first_run / transcribe_again [wall_s]: `python -m glm_asr.transcribe clip30.flac`
   (vad silero) with every compile cache emptied first (cuTile's, CuPy's and tilekernels') / again. Each
@@ -124,14 +127,20 @@ def cli(args: list[str], work: Path) -> dict:
     wall, p = command([sys.executable, "-m", *args, "profile=true"], work)
     # the workers build the rest of the model's kernels on after the command has exited
     return {"wall_s": wall, **parse_profile(p.stderr), "cupy_kernels_compiled": cupy_kernels() - cupy_before,
-            "python_bytecode_written": not sys.flags.dont_write_bytecode,
+            "host_set_dont_write_bytecode": "PYTHONDONTWRITEBYTECODE" in os.environ,
             "builds_after_exit_s": background_builds()}
+
+
+def user_env() -> dict:
+    """The environment a command runs in: this one, but Python writing bytecode as a user's does
+    (a host that sets PYTHONDONTWRITEBYTECODE would have every run compile the sources again)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def command(args: list[str], work: Path) -> tuple[float, subprocess.CompletedProcess]:
     """Run a command in `work`; its wall seconds and what it printed."""
     began = time.perf_counter()
-    p = subprocess.run(args, cwd=work, capture_output=True, text=True)
+    p = subprocess.run(args, cwd=work, capture_output=True, text=True, env=user_env())
     wall = time.perf_counter() - began
     if p.returncode:
         raise RuntimeError(f"{' '.join(args[1:3])} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -142,7 +151,7 @@ def in_process(case: str, work: Path, **kw) -> dict:
     """Run one case in a fresh process of this script; its row."""
     background_builds()
     p = subprocess.run([sys.executable, __file__, "--case", case, "--work", str(work), "--kw", json.dumps(kw)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=user_env())
     rows = [json.loads(line[4:]) for line in p.stdout.splitlines() if line.startswith("ROW ")]
     if p.returncode or not rows:
         raise RuntimeError(f"{case} failed ({p.returncode}):\n{p.stderr[-3000:]}")
