@@ -171,8 +171,8 @@ class Audio:
         except av.error.FFmpegError as e:
             raise AudioError(f"{name}: cannot decode ({_first_line(e)})") from None
         if rs is not None:
-            pending = [np.concatenate(pending + [rs.resample_chunk(np.zeros(0, np.float32), last=True)])]
-            pending = [_ended(pending[0], n_in, n_out, rate)]
+            tail = np.concatenate(pending + [rs.resample_chunk(np.zeros(0, np.float32), last=True)])
+            pending = [_ended(tail, n_in, n_out, rate)]
         if pending and sum(map(len, pending)):
             yield np.concatenate(pending).astype(np.float32)
 

@@ -74,21 +74,19 @@ async def stream(o: dict, path: str, out=sys.stdout) -> int:
     session = {"input_audio_format": "pcm16", "input_sample_rate": rate, "turn_detection": turn}
     if o["context"]:
         session["input_audio_transcription"] = {"prompt": o["context"]}
-    audio = None if path == "-" else Audio(path, o["audio_stream"])     # a bad file fails here, before connecting
-    try:
-        ws = await connect(o["url"], additional_headers=headers, max_size=None, open_timeout=30)
-    except Exception as e:  # noqa: BLE001 - refused, unreachable, not a WebSocket: one line
-        if audio is not None:
-            audio.close()
-        raise OSError(f"cannot connect to {o['url']}: {e}") from None
     from websockets.exceptions import ConnectionClosed
 
-    try:
-        async with ws:
-            with audio or contextlib.nullcontext():         # closed however the session ends
+    audio = None if path == "-" else Audio(path, o["audio_stream"])     # a bad file fails here, before connecting
+    with audio or contextlib.nullcontext():                            # closed however it ends
+        try:
+            ws = await connect(o["url"], additional_headers=headers, max_size=None, open_timeout=30)
+        except Exception as e:  # noqa: BLE001 - refused, unreachable, not a WebSocket: one line
+            raise OSError(f"cannot connect to {o['url']}: {e}") from None
+        try:
+            async with ws:
                 return await session_run(ws, audio, rate, session, out, o)
-    except ConnectionClosed as e:
-        raise OSError(f"the server closed the connection ({e})") from None
+        except ConnectionClosed as e:
+            raise OSError(f"the server closed the connection ({e})") from None
 
 
 async def session_run(ws, audio: Audio | None, rate: int, session: dict, out, o: dict) -> int:

@@ -358,8 +358,7 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
                 await send(error_event(str(e), e.code, e.param))
             except Exception as e:  # noqa: BLE001 - not the client's fault: said as a server error, logged
                 log.exception("realtime event failed")
-                await send({"type": "error", "error": {"type": "server_error", "code": "internal_error",
-                                                       "message": f"{type(e).__name__}: {e}", "param": None}})
+                await send(error_event(f"{type(e).__name__}: {e}", "internal_error", None, "server_error"))
     finally:
         open_[0] = False
         session.close()
@@ -369,6 +368,5 @@ def ms(sample: int) -> int:
     return int(sample * 1000 // SAMPLE_RATE)
 
 
-def error_event(message: str, code: str, param: str | None) -> dict:
-    return {"type": "error", "error": {"type": "invalid_request_error", "code": code, "message": message,
-                                       "param": param}}
+def error_event(message: str, code: str, param: str | None, kind: str = "invalid_request_error") -> dict:
+    return {"type": "error", "error": {"type": kind, "code": code, "message": message, "param": param}}

@@ -349,10 +349,9 @@ def _logprobs(tokenizer, places: list[tuple[int, TokenLogprob | None]], offsets:
         text = tokenizer.decode([token])
         out["tokens"].append(text)
         out["token_logprobs"].append(None if lp is None else lp.logprob)
-        top = None if lp is None else {tokenizer.decode([t]): v for t, v in lp.top}
-        if top is not None:
-            top[text] = lp.logprob      # its own, also where another token's text is the same (a byte's "\ufffd")
-        out["top_logprobs"].append(top)
+        # its own among them, also where another token's text is the same (a lone byte's "\ufffd")
+        out["top_logprobs"].append(None if lp is None else {**{tokenizer.decode([t]): v for t, v in lp.top},
+                                                            text: lp.logprob})
         out["text_offset"].append(offsets.next(token, text))
     return out
 

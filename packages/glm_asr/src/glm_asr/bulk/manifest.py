@@ -49,7 +49,6 @@ def kept_names(sources: list[str], fmt: str, out_dir: Path) -> list[str]:
     if any(recorded.get(k) != n for k, n in zip(keys, names)):
         mine = dict(zip(keys, names))
         kept = {k: n for k, n in recorded.items() if k not in mine and n not in taken}    # names handed on leave
-        out_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps({**every, fmt: {**kept, **mine}}, ensure_ascii=False))
     return names
 
