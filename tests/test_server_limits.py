@@ -314,7 +314,7 @@ def test_a_client_that_leaves_frees_its_windows(asr, tmp_path):
 
 def test_a_live_session_that_leaves_frees_its_items(asr):
     """A /v1/realtime client (server_vad) that goes away while its utterances decode: their
-    windows leave the engine at once (long before three turns' transcripts would be done), and
+    windows leave the engine at once (long before six turns' transcripts would be done), and
     the server serves the next session."""
     import base64
 
@@ -322,10 +322,10 @@ def test_a_live_session_that_leaves_frees_its_items(asr):
 
     speech = sf.read(ROOT / "tests/asr/fixtures/pause05.flac", dtype="int16")[0]
     turn = np.concatenate([speech] * 3 + [np.zeros(48000, np.int16)])         # ~16 s, then a turn's end
-    pcm = np.concatenate([turn] * 3)
+    pcm = np.concatenate([turn] * 6)
 
     def session(leave: bool) -> float:
-        """Seconds from the first item's commit to the third's transcript (or to leaving)."""
+        """Seconds from the first item's commit to the sixth's transcript (or to leaving)."""
         with connect(asr.url("/v1/realtime").replace("http", "ws"), open_timeout=30) as ws:
             ws.recv(timeout=30)
             ws.send(json.dumps({"type": "session.update", "session": {"input_sample_rate": 16000}}))
@@ -336,7 +336,7 @@ def test_a_live_session_that_leaves_frees_its_items(asr):
             while (e := json.loads(ws.recv(timeout=60)))["type"] != "input_audio_buffer.committed":
                 assert e["type"] != "error", e
             committed, done = time.monotonic(), 0
-            while not leave and done < 3:
+            while not leave and done < 6:
                 done += json.loads(ws.recv(timeout=120))["type"].endswith("transcription.completed")
             return time.monotonic() - committed
 
