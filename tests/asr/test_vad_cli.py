@@ -172,3 +172,87 @@ def test_the_readers_queue_takes_the_files_in_turn():
     late.start()
     late.join(5)
     assert [q.get(0) for _ in range(4)] == [("long", 2), ("short", 1), ("long", 3), None] and q.empty()
+
+
+class _Later:
+    """A chunk's probabilities, computed only when asked for (a worker or the GPU loop not done)."""
+    under_way: list = []
+
+    def __init__(self, samples):
+        self.samples = samples
+        _Later.under_way.append(self)
+
+    def done(self) -> bool:
+        return False
+
+    def result(self):
+        _Later.under_way.remove(self)
+        return speech_probs(self.samples)
+
+
+def test_a_files_next_chunks_are_read_while_its_vad_runs(monkeypatch):
+    """chunk_probs hands up to AHEAD chunks to a VAD that has not answered yet (a long file's
+    VAD in several workers, or in one GPU batch, while the next chunks are read), never more, and
+    its chunks and probabilities are those of one chunk at a time; a VAD that answers at once gets
+    one chunk at a time."""
+    import glm_asr.vad as vad
+
+    monkeypatch.setattr(vad.workers, "STREAM_CHUNK", 2 * vad.workers.BLOCK)
+    x = np.concatenate([sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac")] * 4)
+    blocks = [x[i: i + 7777] for i in range(0, len(x), 7777)]       # 100 s: 7 chunks of 16 s
+    most, got = 0, []
+    for chunk, p, last in vad.chunk_probs(blocks, _Later):
+        most = max(most, len(_Later.under_way) + 1)
+        got.append((chunk, p, last))
+    assert most == vad.AHEAD > 1 and len(got) > vad.AHEAD and not _Later.under_way
+    one_at_a_time = list(vad.chunk_probs(blocks, speech_probs, ahead=1))
+    assert len(got) == len(one_at_a_time) and [g[2] for g in got] == [False] * (len(got) - 1) + [True]
+    for (c, p, _), (c1, p1, _) in zip(got, one_at_a_time):
+        np.testing.assert_array_equal(c, c1)
+        np.testing.assert_array_equal(p, p1)
+    assert sum(len(c) for c, _, _ in got) == len(x)
+
+
+def test_the_gpu_loops_vad_gets_a_long_files_chunks_together(monkeypatch, tmp_path):
+    """With the VAD on the GPU, a long file's reader queues its next chunks' VAD jobs before the
+    loop has answered the first, so the loop runs them in one batch; the windows are the CPU VAD's.
+    (Here the 'GPU' is speech_probs, run by this test as the pipeline's loop runs device_probs.)"""
+    import time
+
+    import glm_asr.vad as vad
+    from glm_asr.features import Window
+    from glm_asr.reading import Readers, VadJob
+
+    monkeypatch.setattr(vad.workers, "STREAM_CHUNK", 2 * vad.workers.BLOCK)
+    x = np.concatenate([sf.read(FIXTURES / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac")] * 4)
+    sf.write(tmp_path / "long.flac", x, 16000)
+    from glm_asr.audio import Audio
+
+    readers = Readers(VadOptions(), True, 128, 64, lambda i: True)
+    batches, items = [], []
+    try:
+        readers.submit(0, lambda: Audio(str(tmp_path / "long.flac")))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            jobs = []
+            while (item := readers.get(0)) is not None:
+                if isinstance(item[2], VadJob):
+                    jobs.append(item[2])
+                else:
+                    items.append(item)
+            if jobs:
+                batches.append(len(jobs))
+                for j in jobs:
+                    j.future.set_result(speech_probs(j.samples))
+            if items and not isinstance(items[-1][2], Window):       # the file's end (or its error)
+                break
+    finally:
+        readers.close()
+    assert max(batches) == vad.AHEAD > 1, batches
+    want = list(speech_windows(x, VadOptions(), xp=None))
+    got = [w for _, _, w in items[:-1]]
+    assert items[-1][1] == len(got) == len(want) >= 4
+    for g, w in zip(got, want):
+        assert (g.start_s, g.end_s) == (w.start_s, w.end_s)
+        np.testing.assert_array_equal(g.features, w.features)

@@ -6,7 +6,7 @@ hands out the files' items in turn (FairQueue): one long file does not hold back
 What a reader puts is (file index, window number, item): a Window; the file's end (item: its
 duration, number: its window count); an exception (the file failed); or, index -1, a VadJob whose
 speech probabilities the loop computes on the GPU with the other readers' (on the CPU the VAD runs
-in worker processes, vad.pooled_probs).
+in worker processes, vad.PendingProbs).
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import numpy as np
 
 from .audio import SAMPLE_RATE, Audio
 from .features import Window, audio_tokens, log_mel, stream_windows, valid_frames
-from .vad import LiveVad, Speech, VadOptions, chunk_probs, pooled_probs
+from .vad import LiveVad, PendingProbs, Speech, VadOptions, chunk_probs
 
 READERS = 8                # files read at once (CPU threads): as many as the VAD's worker processes on a
-                           # 16-core host (vad.pooled_probs, the CPU's VAD); 4 left half of them idle
+                           # 16-core host (vad.PendingProbs, the CPU's VAD); 4 left half of them idle
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,22 @@ class Cut:
 
 @dataclass
 class VadJob:
-    """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU."""
+    """A reader's samples whose speech probabilities the pipeline's loop computes on the GPU
+    (future); result() waits for them, giving up once `stop` is set (the loop has ended)."""
     samples: np.ndarray
     future: Future = field(default_factory=Future)
+    stop: threading.Event | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> np.ndarray:
+        while True:
+            try:
+                return self.future.result(timeout=0.1)
+            except FutureTimeout:
+                if self.stop is not None and self.stop.is_set():
+                    raise RuntimeError("stopped") from None
 
 
 class FairQueue:
@@ -124,17 +137,13 @@ class Readers:
                 return True
         return False
 
-    def gpu_probs(self, samples: np.ndarray) -> np.ndarray:
-        """A reader's VAD, run by the loop (on the GPU, with other files' VAD)."""
-        job = VadJob(samples)
+    def gpu_probs(self, samples: np.ndarray) -> VadJob:
+        """A reader's VAD, handed to the loop (run on the GPU, with other files' VAD): its pending
+        result."""
+        job = VadJob(samples, stop=self.stop)
         if not self.put((-1, -1, job)):
             raise RuntimeError("stopped")
-        while True:
-            try:
-                return job.future.result(timeout=0.1)
-            except FutureTimeout:
-                if self.stop.is_set():
-                    raise RuntimeError("stopped") from None
+        return job
 
     def read(self, index: int, opener: Callable) -> None:
         audio = None
@@ -144,7 +153,7 @@ class Readers:
                 wins = [w for w in [speech_window(audio.samples, audio.start_s, audio.end_s, audio.speech)] if w]
             elif self.vad is not None:
                 wins = speech_windows(audio, self.vad, self.n_mels, None,
-                                      self.gpu_probs if self.gpu_vad else pooled_probs)
+                                      self.gpu_probs if self.gpu_vad else PendingProbs)
             else:
                 blocks, offset = ([audio], 0.0) if isinstance(audio, np.ndarray) else (audio, audio.offset_s)
                 wins = stream_windows(blocks, self.n_mels, None, offset)
@@ -163,14 +172,15 @@ class Readers:
 
 
 def speech_windows(audio: Audio | np.ndarray, options: VadOptions, n_mels: int = 128, xp=np,
-                   probs: Callable = pooled_probs) -> Iterator[Window]:
+                   probs: Callable = PendingProbs) -> Iterator[Window]:
     """A window for each segment of speech Silero VAD finds: its padded audio as the features
     (computed with xp; None leaves the samples), its unpadded speech bounds as the times (in the
     file's time). The probabilities come a chunk at a time (vad.chunk_probs; probs(samples)
-    computes a chunk's), and a segment goes out as soon as no later audio can change it
-    (vad.LiveVad, whose segments are the whole file's): a long file's first windows reach the
-    encoder while its VAD goes on. A file is read once: memory holds a chunk and the samples and
-    probabilities of speech not yet final (at most a chapter of it, vad.segments.chapters).
+    computes a chunk's or starts to, the next chunks read meanwhile), and a segment goes out as
+    soon as no later audio can change it (vad.LiveVad, whose segments are the whole file's): a
+    long file's first windows reach the encoder while its VAD goes on. A file is read once: memory
+    holds a few chunks (vad.AHEAD) and the samples and probabilities of speech not yet final (at
+    most a chapter of it, vad.segments.chapters).
     Each window carries its speech's mean probability (a segment's no_speech_prob is 1 minus
     it)."""
     whole = isinstance(audio, np.ndarray)

@@ -38,10 +38,12 @@ from .model import (BATCH, BLOCK_S, CHUNK, CONTEXT, DEVICE_FRAMES, MODEL_PATH, S
                     device_probs, speech_probs, speech_segments, weights)
 from .segments import FRAME, MAX_WINDOW_S, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
 from .live import LiveVad, Speech
-from .workers import PROCESSES, STREAM_CHUNK, chunk_probs, pooled_probs, start_workers, stop_workers, stream_probs
+from .workers import (AHEAD, PROCESSES, STREAM_CHUNK, PendingProbs, chunk_probs, pooled_probs, start_workers,
+                      stop_workers, stream_probs)
 
-__all__ = ["BATCH", "BLOCK_S", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FRAME", "LiveVad", "MAX_WINDOW_S",
-           "MODEL_PATH", "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "Speech", "WARMUP_S", "Segment",
+__all__ = ["AHEAD", "BATCH", "BLOCK_S", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FRAME", "LiveVad", "MAX_WINDOW_S",
+           "MODEL_PATH", "PendingProbs", "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "Speech", "WARMUP_S",
+           "Segment",
            "VadOptions", "block_frames", "chunk_probs", "device_probs", "pooled_probs", "segments_from_probs",
            "speech_probs", "speech_regions", "speech_segments", "start_workers", "stop_workers", "stream_probs",
            "weights"]

@@ -1,11 +1,12 @@
 """The CPU's VAD in worker processes (pooled_probs: Silero's LSTM steps in Python, which wait on the
-GIL in a busy pipeline's process), long inputs streamed through it a chunk at a time
-(chunk_probs, stream_probs)."""
+GIL in a busy pipeline's process), long inputs streamed through it a chunk at a time, a few
+chunks under way at once (chunk_probs, stream_probs)."""
 from __future__ import annotations
 
 import os
 import threading
 import warnings
+from collections import deque
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -16,6 +17,7 @@ from .segments import FRAME
 _LOCK = threading.Lock()
 BLOCK = block_frames()[0] * FRAME     # a VAD block's samples (vad.model.BLOCK_S)
 STREAM_CHUNK = 36 * BLOCK       # 288 s of samples a speech_probs call when streaming (whole blocks)
+AHEAD = 3                   # chunks of one input under way at once (chunk_probs): 55 MB of samples at most
 _POOL: tuple[int, object, int] | None = None        # (pid, ProcessPoolExecutor or None, threads a process)
 PROCESSES = 8               # the VAD's worker processes at most (half the CPUs: readers and the GPU loop need some)
 
@@ -59,50 +61,94 @@ def stop_workers() -> None:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def pooled_probs(samples: np.ndarray) -> np.ndarray:
-    """speech_probs in one of a few worker processes. Silero's LSTM steps in Python a frame; in the
-    process of a busy pipeline (the GPU loop's Python) those steps wait on the GIL, and the VAD,
-    not the GPU, sets the pace.
-    A daemonic process (a Dask worker) may not start children, and a script without a __main__
-    guard cannot spawn them: there it runs here."""
+class PendingProbs:
+    """pooled_probs of samples on their way: a worker process's result, or (no worker can run)
+    computed here when asked for. Silero's LSTM steps in Python a frame; in the process of a busy
+    pipeline (the GPU loop's Python) those steps wait on the GIL, and the VAD, not the GPU, sets
+    the pace. A daemonic process (a Dask worker) may not start children, and a script without a
+    __main__ guard cannot spawn them: there it runs here."""
+
+    def __init__(self, samples: np.ndarray):
+        self.samples, self.future = samples, None
+        _, pool, threads = _pool()
+        if pool is not None:
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                self.future = pool.submit(speech_probs, samples, threads=threads)
+            except BrokenProcessPool as e:
+                _broken(e)
+
+    def done(self) -> bool:
+        return self.future is None or self.future.done()
+
+    def result(self) -> np.ndarray:
+        if self.future is not None:
+            from concurrent.futures.process import BrokenProcessPool
+
+            try:
+                return self.future.result()
+            except BrokenProcessPool as e:  # e.g. a script without a __main__ guard: no child can start
+                _broken(e)
+        return speech_probs(self.samples)
+
+
+def _broken(e: Exception) -> None:
     global _POOL
-    _, pool, threads = _pool()
-    if pool is not None:
-        from concurrent.futures.process import BrokenProcessPool
-
-        try:
-            return pool.submit(speech_probs, samples, threads=threads).result()
-        except BrokenProcessPool as e:  # e.g. a script without a __main__ guard: no child can start
-            warnings.warn(f"VAD worker processes failed ({e}); VAD runs in this process from now on (slower)")
-            with _LOCK:
-                _POOL = (os.getpid(), None, threads)
-    return speech_probs(samples)
+    warnings.warn(f"VAD worker processes failed ({e}); VAD runs in this process from now on (slower)")
+    with _LOCK:
+        _POOL = (os.getpid(), None, _POOL[2] if _POOL is not None else 1)
 
 
-def chunk_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> Iterator[tuple]:
+def pooled_probs(samples: np.ndarray) -> np.ndarray:
+    """speech_probs in one of a few worker processes (PendingProbs), waited for."""
+    return PendingProbs(samples).result()
+
+
+def chunk_probs(blocks: Iterable[np.ndarray], probs: Callable = PendingProbs,
+                ahead: int = AHEAD) -> Iterator[tuple]:
     """(samples, their speech_probs, last) of samples arriving in blocks, STREAM_CHUNK at a time
-    (each through probs(samples)): memory bounded by a chunk, not by the file. Each chunk after the
-    first goes with the VAD block before it, whose probabilities are dropped: the chunk's first
-    block then warms up on the samples the whole file's would, and every probability is the
-    whole file's (the blocks are anchored at multiples of BLOCK). The last chunk's probabilities
-    include its last, zero-padded frame; an empty input gives one empty last chunk."""
-    warm = BLOCK
+    (each through probs(samples): the probabilities, or a pending result with done() and
+    result()): memory bounded by `ahead` chunks, not by the file. While a chunk's VAD runs the
+    next ones are read and handed to probs too, up to `ahead` under way (a long file's VAD in
+    several workers at once, or in one GPU batch); each goes out once it and those before it are
+    done. Each chunk after the first goes with the VAD block before it, whose probabilities are
+    dropped: the chunk's first block then warms up on the samples the whole file's would, and
+    every probability is the whole file's (the blocks are anchored at multiples of BLOCK). The
+    last chunk's probabilities include its last, zero-padded frame; an empty input gives one
+    empty last chunk."""
+    pending: deque = deque()        # (chunk, its probabilities or their pending result, frames to drop, last)
     buf, tail = np.zeros(0, np.float32), np.zeros(0, np.float32)
 
-    def run(chunk):
-        p = probs(np.concatenate([tail, chunk]) if len(tail) else chunk)
-        return p[len(tail) // FRAME:]
+    def submit(chunk: np.ndarray, last: bool) -> None:
+        nonlocal tail
+        if not len(chunk):
+            pending.append((chunk, np.zeros(0, np.float32), 0, last))
+            return
+        joined = np.concatenate([tail, chunk]) if len(tail) else chunk
+        pending.append((joined[len(tail):], probs(joined), len(tail) // FRAME, last))
+        tail = joined[-BLOCK:].copy()
+
+    def ready() -> Iterator[tuple]:
+        while pending and (len(pending) >= ahead or pending[-1][3] or _done(pending[0][1])):
+            chunk, p, drop, last = pending.popleft()
+            yield chunk, (p.result() if hasattr(p, "result") else p)[drop:], last
 
     for block in blocks:
         buf = np.concatenate([buf, block]) if len(buf) else block
         while len(buf) > STREAM_CHUNK:      # what ends the input goes out as the last chunk
-            chunk, buf = buf[:STREAM_CHUNK], buf[STREAM_CHUNK:]
-            yield chunk, run(chunk), False
-            tail = chunk[-warm:]
-    yield buf, (run(buf) if len(buf) else np.zeros(0, np.float32)), True
+            submit(buf[:STREAM_CHUNK], False)
+            buf = buf[STREAM_CHUNK:]
+            yield from ready()
+    submit(buf, True)
+    yield from ready()
 
 
-def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = pooled_probs) -> tuple[np.ndarray, int]:
+def _done(p) -> bool:
+    return not hasattr(p, "done") or p.done()
+
+
+def stream_probs(blocks: Iterable[np.ndarray], probs: Callable = PendingProbs) -> tuple[np.ndarray, int]:
     """(speech_probs, sample count) of samples arriving in blocks (chunk_probs' chunks, joined)."""
     out, n = [], 0
     for chunk, p, _ in chunk_probs(blocks, probs):
