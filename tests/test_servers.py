@@ -69,6 +69,7 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
     echo puts the prompt's first (null, no alternatives); max_tokens 0 scores the prompt alone;
     a stream carries every token's logprobs once, in order; vLLM's tokenizer endpoints."""
     import gpt
+    from tilekernels.runtime import token_name
 
     lm = gpt.load(str(gpt_ckpt), "cpu")
     c = gpt_server.client()
@@ -79,9 +80,9 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
     assert np.allclose(r.logprobs.token_logprobs, [t.logprob for t in want.logprobs], atol=1e-6)
     assert all(len(top) in (3, 4) and max(top.values()) >= lp - 1e-6 and abs(top[tok] - lp) < 1e-5   # its own too
                for top, lp, tok in zip(r.logprobs.top_logprobs, r.logprobs.token_logprobs, r.logprobs.tokens))
-    assert "".join(r.logprobs.tokens) == r.text
+    assert r.logprobs.tokens == [token_name(lm.tokenizer, t) for t in want.tokens]
     assert all(r.text[at:].startswith(t)
-               for at, t in zip(r.logprobs.text_offset, r.logprobs.tokens) if "\ufffd" not in t)
+               for at, t in zip(r.logprobs.text_offset, r.logprobs.tokens) if not t.startswith("bytes:"))
     texts = ["To be or not", "to be"]
     scored = c.completions.create(model="tiny", prompt=texts, max_tokens=0, echo=True, logprobs=1, temperature=0)
     ref = lm.score(texts, top=1)
@@ -116,6 +117,47 @@ def test_gpt_logprobs_echo_and_scoring(gpt_server, gpt_ckpt):
     assert status == 200 and json.loads(info)["eos_token"] == "<|endoftext|>"
 
 
+def test_gpt_end_token_is_a_generated_token(gpt_server, gpt_ckpt):
+    """The end token that ends a completion is one of its tokens, as vLLM's: in logprobs (named
+    <|endoftext|>) and usage, with no text; so lm-evaluation-harness's echo + max_tokens=1
+    request, which drops the last logprob as the generated one, keeps every prompt token's."""
+    import gpt
+
+    lm = gpt.load(str(gpt_ckpt), "cpu")
+    eos = lm.model.config.eos_token_id
+    ends = dict(temperature=0, logit_bias={eos: 100.0})
+    want = lm.generate("To be", max_new_tokens=5, logprobs=1, **ends)[0]
+    assert want.tokens == [eos] and want.text == "" and want.finish_reason == "stop" and len(want.logprobs) == 1
+    c = gpt_server.client()
+    r = c.completions.create(model="tiny", prompt="To be", max_tokens=1, echo=True, logprobs=1, temperature=0,
+                             logit_bias={str(eos): 100.0})
+    lp, n = r.choices[0].logprobs, len(lm.encode(["To be"])[0])
+    assert r.choices[0].text == "To be" and r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+    assert len(lp.tokens) == len(lp.token_logprobs) == n + 1 and lp.tokens[-1] == "<|endoftext|>"
+    ref = lm.score(["To be"])[0]
+    assert np.allclose(lp.token_logprobs[1:n], [t.logprob for t in ref[1:]], atol=1e-6)
+    assert np.isclose(lp.token_logprobs[-1], want.logprobs[0].logprob, atol=1e-6)
+
+
+def test_gpt_logprobs_name_each_token_apart(gpt_server, gpt_ckpt):
+    """Tokens that are part of a character are named by their bytes ("bytes:\\xNN", OpenAI's),
+    not all "\ufffd": each alternative keeps its own log-probability, so the likeliest one named
+    in top_logprobs is the model's (lm-evaluation-harness's is_greedy)."""
+    import gpt
+    from tilekernels.runtime import token_name
+
+    lm = gpt.load(str(gpt_ckpt), "cpu")
+    text = "the \u00ef na\u00efve \u6771\u4eac caf\u00e9"
+    ref = lm.score([text], top=5)[0]
+    r = gpt_server.client().completions.create(model="tiny", prompt=text, max_tokens=0, echo=True, logprobs=5,
+                                               temperature=0).choices[0].logprobs
+    assert any(t.startswith("bytes:\\x") for t in r.tokens)
+    for top, place in zip(r.top_logprobs[1:], ref[1:]):
+        names = [token_name(lm.tokenizer, t) for t, _ in place.top]
+        assert len(set(names)) == len(names) and max(top, key=top.get) == names[0]
+        assert all(np.isclose(top[name], v, atol=1e-6) for name, (_, v) in zip(names, place.top))
+
+
 def test_gpt_text_offsets_with_characters_of_several_tokens(gpt_server):
     """text_offset is where each token begins in the choice's text, also where a character takes
     several tokens (both begin where it does), and with echo the first new token's is the prompt's
@@ -126,7 +168,7 @@ def test_gpt_text_offsets_with_characters_of_several_tokens(gpt_server):
                                                    logprobs=1, echo=echo).choices[0]
         lp, text = r.logprobs, r.text
         assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] <= len(text)
-        whole = [i for i, t in enumerate(lp.tokens) if "\ufffd" not in t]
+        whole = [i for i, t in enumerate(lp.tokens) if not t.startswith("bytes:")]
         assert len(whole) < len(lp.tokens)          # some character here takes several tokens
         assert all(text[lp.text_offset[i]:].startswith(lp.tokens[i]) for i in whole)
         if echo:

@@ -79,7 +79,7 @@ def compare(name: str, directory: Path, hf, prompt: list[int], new_tokens: int =
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     out = generate(Engine(ours, 1), [prompt], new_tokens, GREEDY)[0].tokens
     eos = ours.config.eos_token_id
-    hf_tokens = hf_tokens[: hf_tokens.index(eos)] if eos in hf_tokens else hf_tokens
+    hf_tokens = hf_tokens[: hf_tokens.index(eos) + 1] if eos in hf_tokens else hf_tokens     # eos kept, as ours
     row = {"model": name, "prompt_tokens": len(prompt), "logits_rel_err": rel, "rel_err_bound": 1e-3,
            "greedy_tokens": len(hf_tokens), "tokens_identical": out == hf_tokens,
            "first_mismatch": next((i for i, (a, b) in enumerate(zip(out, hf_tokens)) if a != b), None),

@@ -44,7 +44,7 @@ class Segment:
     text: str
     tokens: list[int] = field(default_factory=list)     # the decoded token ids
     temperature: float = 0.0            # the attempt kept (the loop guard's: fallback_settings)
-    avg_logprob: float = 0.0            # the tokens' mean log-probability under the model (end token not counted)
+    avg_logprob: float = 0.0            # the tokens' mean log-probability under the model, end token counted
     compression_ratio: float = 0.0      # text bytes / zlib-compressed bytes (Whisper's; loops compress well)
     no_speech_prob: float | None = None     # 1 - the VAD's mean speech probability (None: vad none)
 

@@ -40,9 +40,11 @@ SCORED = Sampling(temperature=0, logprobs=0)    # greedy, each token's log-proba
 
 
 def decode(engine: Engine, ids: list[int], audio_embeds, max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
-    """The greedy continuation of one prompt whose audio placeholders take audio_embeds (n, C)."""
+    """The greedy continuation of one prompt whose audio placeholders take audio_embeds (n, C),
+    up to its end token (left out)."""
     x = engine.model.prompt_embeds(ids, audio_embeds)
-    return generate(engine, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
+    tokens = generate(engine, [ids], max_new_tokens, embeds=[x], ignore_eos=ignore_eos)[0].tokens
+    return tokens if ignore_eos else [t for t in tokens if t not in engine.model.eos_ids]
 
 
 class Dropped(Exception):
@@ -109,7 +111,8 @@ def with_context(instruction: str, context: str | None) -> str:
 
 
 def avg_logprob(out: Completion) -> float:
-    """The mean log-probability of a completion's tokens (0 for none; the end token not counted)."""
+    """The mean log-probability of a completion's tokens, its end token counted (Whisper's: the
+    sum over the text's tokens and the end token, over their number); 0 for none."""
     scores = out.logprobs or []
     return sum(t.logprob for t in scores) / len(scores) if scores else 0.0
 
@@ -333,7 +336,7 @@ class Transcriber:
         """Keep a finished attempt's tokens as its window's text, or queue the next attempt (the
         loop guard, Fallback): whether it was queued again."""
         _, n, w, attempt = r.tag
-        tokens, g, score = r.out.tokens, f.fallback, avg_logprob(r.out)
+        tokens, g, score = [t for t in r.out.tokens if t not in r.eos], f.fallback, avg_logprob(r.out)
         if g is None or len(g.temperatures) == 1:
             f.texts[n], f.scores[n], f.temperatures[n] = tokens, score, 0.0 if g is None else g.temperatures[0]
             return False

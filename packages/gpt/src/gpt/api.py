@@ -86,7 +86,8 @@ class LanguageModel:
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None) -> list[Completion]:
         """num_samples completions of each prompt (prompt-major order): .text and .tokens hold the
-        continuation only, .finish_reason is 'stop' (eos or a stop string) or 'length'.
+        continuation only (an eos that ended it is its last token, with no text, as vLLM's),
+        .finish_reason is 'stop' (eos or a stop string) or 'length'.
         temperature 0 is greedy; a seed draws the same tokens on the CPU and the GPU, and for a
         prompt the same wherever it sits in `prompts`; stop: one
         string or several; at most max_batch rows decode at once (each row's tokens are the same

@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tilekernels.logprobs import MAX_TOP
 from tilekernels.runtime import (GREEDY, Completion, Sampling, TextStream, TokenLogprob, check_length,
-                                 from_model_config, requests, warm_up)
+                                 from_model_config, requests, token_name, warm_up)
 from tilekernels.runtime.sampler import check_seed
 from tilekernels.runtime.cli import Float, Int, config_dir, exit_with_one_line_errors, options, run_hydra
 
@@ -331,28 +331,29 @@ class Offsets:
     def __init__(self, tokenizer, start: int = 0):
         self.stream, self.start = TextStream(tokenizer), start
 
-    def next(self, token: int, text: str) -> int:
-        """The offset of token (its own text: text)."""
+    def next(self, token: int) -> int:
+        """The offset of token."""
         before = len(self.stream.text)
         piece = self.stream.push(token)
-        return self.start + before + max(0, len(piece) - len(text))
+        own = self.stream.tokenizer.decode([token], skip_special_tokens=False)
+        return self.start + before + max(0, len(piece) - len(own))
 
 
 def _logprobs(tokenizer, places: list[tuple[int, TokenLogprob | None]], offsets: Offsets | None = None) -> dict:
     """OpenAI's completions logprobs object for (token id, TokenLogprob or None) places: each
-    token's text, log-probability (null where there is none: an echoed prompt's first token),
-    its alternatives {text: log-probability} with the token itself among them (OpenAI's logprobs + 1),
-    and its character offset in the choice's text (offsets: where the places' text begins)."""
+    token's name (runtime.token_name: its text, "bytes:\\xNN" for part of a character, the end
+    token's own string), log-probability (null where there is none: an echoed prompt's first
+    token), its alternatives {name: log-probability}, the token itself first (OpenAI's logprobs
+    + 1), and its character offset in the choice's text (offsets: where the places' text begins)."""
     offsets = offsets or Offsets(tokenizer)
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token, lp in places:
-        text = tokenizer.decode([token])
-        out["tokens"].append(text)
+        name = token_name(tokenizer, token)
+        out["tokens"].append(name)
         out["token_logprobs"].append(None if lp is None else lp.logprob)
-        # its own among them, also where another token's text is the same (a lone byte's "\ufffd")
-        out["top_logprobs"].append(None if lp is None else {**{tokenizer.decode([t]): v for t, v in lp.top},
-                                                            text: lp.logprob})
-        out["text_offset"].append(offsets.next(token, text))
+        out["top_logprobs"].append(None if lp is None else {name: lp.logprob,
+                                                            **{token_name(tokenizer, t): v for t, v in lp.top}})
+        out["text_offset"].append(offsets.next(token))
     return out
 
 

@@ -19,11 +19,11 @@ from .protocol import DecoderModel
 from .runner import ModelRunner
 from .sampler import GREEDY, Sampler, Sampling
 from .sequence import Completion, Request, TokenLogprob
-from .tokenizer import TextStream, load_tokenizer
+from .tokenizer import TextStream, load_tokenizer, token_name
 
 __all__ = ["GREEDY", "MAX_BATCH", "PRECISIONS", "CheckpointError", "Completion", "DecodeGraph", "DecoderModel",
            "Engine", "Event", "KVCache", "ModelRunner", "Request", "Sampler", "Sampling", "ShapeGraphs",
            "TextStream", "check_length", "device_stream", "freeze_heap", "from_model_config", "generate",
            "gpu_problem", "graphed", "kernel_manifest", "load_model", "load_tensors", "load_tokenizer",
            "move_weights", "pick_device", "precision", "read_config", "requests", "resolve", "set_precision", "take",
-           "TokenLogprob", "text_pieces", "using", "warm_up"]
+           "TokenLogprob", "text_pieces", "token_name", "using", "warm_up"]

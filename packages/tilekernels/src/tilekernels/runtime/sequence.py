@@ -28,9 +28,10 @@ def token_logprob(token: int, score: tuple, top: int) -> TokenLogprob:
 @dataclass
 class Completion:
     """One continuation: its token ids and text (the prompt excluded) and why it ended:
-    'stop' (an eos id or a stop string) or 'length' (max_new_tokens). logprobs: one
-    TokenLogprob a token when the request asked (Sampling.logprobs); prompt_logprobs: the
-    prompt's, None for its first token (Sampling.prompt_logprobs)."""
+    'stop' (an eos id or a stop string) or 'length' (max_new_tokens). The eos id that ended it
+    is its last token (a token generated and counted, as vLLM's token_ids and usage), with no
+    text. logprobs: one TokenLogprob a token when the request asked (Sampling.logprobs);
+    prompt_logprobs: the prompt's, None for its first token (Sampling.prompt_logprobs)."""
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "length"
@@ -99,19 +100,18 @@ class Request:
         the step computed them); the text that can no longer turn out to be part of a stop
         string (all of it once the request has finished)."""
         o = self.out
+        o.tokens.append(int(token))
+        if self.sampling.logprobs is not None and score is not None:
+            if o.logprobs is None:
+                o.logprobs = []
+            o.logprobs.append(token_logprob(token, score, self.sampling.logprobs))
         if token in self.eos:
             o.finish_reason = "stop"
-        else:
-            o.tokens.append(int(token))
-            if self.sampling.logprobs is not None and score is not None:
-                if o.logprobs is None:
-                    o.logprobs = []
-                o.logprobs.append(token_logprob(token, score, self.sampling.logprobs))
-            if self.stream is not None:
-                o.text += self.stream.push(token)
-                hit = [o.text.index(s) for s in self.stop if s in o.text]
-                if hit:
-                    o.text, o.finish_reason = o.text[:min(hit)], "stop"
+        elif self.stream is not None:
+            o.text += self.stream.push(token)
+            hit = [o.text.index(s) for s in self.stop if s in o.text]
+            if hit:
+                o.text, o.finish_reason = o.text[:min(hit)], "stop"
         upto = len(o.text) if self.finished else len(o.text) - held_back(o.text, self.stop)
         piece = o.text[o.emitted:upto] if upto > o.emitted else ""
         o.emitted = max(o.emitted, upto)
