@@ -375,6 +375,13 @@ def test_asr_equals_cli(asr_server, asr_none, tiny, sounds):
     cli_json = json.loads(asr_cli(tiny, ONE, "output_format=json"))
     assert [(s.tokens, s.compression_ratio, s.no_speech_prob, s.avg_logprob) for s in v.segments] == [
         (s["tokens"], s["compression_ratio"], s["no_speech_prob"], s["avg_logprob"]) for s in cli_json["segments"]]
+    from openai.types.audio import TranscriptionVerbose
+
+    with open(ONE, "rb") as f:      # vad none: no VAD measure, still OpenAI's required float
+        raw = asr_none.client("secret").audio.transcriptions.with_raw_response.create(model="tinyasr", file=f,
+                                                                                      response_format="verbose_json")
+    none = TranscriptionVerbose.model_validate(json.loads(raw.http_response.text), strict=True)
+    assert none.segments and all(s.no_speech_prob == 0.0 for s in none.segments)
     with open(ONE, "rb") as f:      # a temperature of its own: sampled, seeded by the segment, as the CLI's
         hot = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json", temperature=0.9)
     cli_hot = json.loads(asr_cli(tiny, ONE, "output_format=json", "temperature=0.9"))["segments"]
@@ -388,7 +395,7 @@ def test_asr_errors(asr_server, asr_none, sounds):
     c = asr_server.client()
     for path, kwargs, status in ((ONE, {"temperature": 101}, 400), (ONE, {"response_format": "xml"}, 400),
                                  (ONE, {"prompt": "word " * 2000}, 400),
-                                 (ONE, {"model": "whisper-1"}, 404), (sounds / "notaudio.wav", {}, 415)):
+                                 (ONE, {"model": "whisper-1"}, 404), (sounds / "notaudio.wav", {}, 400)):
         with open(path, "rb") as f, pytest.raises(openai.APIStatusError) as e:
             c.audio.transcriptions.create(**{"model": "tinyasr", "file": f, **kwargs})
         assert e.value.status_code == status, kwargs
@@ -536,7 +543,7 @@ def test_asr_realtime_server_vad_gives_the_files_segments(asr_server, tiny, tmp_
         assert created["session"]["turn_detection"]["type"] == "server_vad"
         ws.send(json.dumps({"type": "transcription_session.update", "session": {
             "input_sample_rate": 16000, "turn_detection": {"type": "server_vad", "silence_duration_ms": 2000}}}))
-        assert event()["session"]["turn_detection"]["min_silence_duration_ms"] == 2000
+        assert event()["session"]["turn_detection"]["silence_duration_ms"] == 2000      # OpenAI's name, an int
         for i in range(0, len(pcm), 1600):          # 100 ms an event, as fast as the socket takes them
             ws.send(json.dumps({"type": "input_audio_buffer.append",
                                 "audio": base64.b64encode(pcm[i:i + 1600].astype("<i2").tobytes()).decode()}))
@@ -584,7 +591,7 @@ def test_asr_realtime_speech_without_end_is_cut_at_the_upload_limit(asr_none):
         deadline = time.monotonic() + 120
         while (not committed or len(completed) + len(busy) < len(committed)) and time.monotonic() < deadline:
             e = json.loads(ws.recv(timeout=60))
-            if e["type"] == "error":        # this server takes one upload at a time (max_queue=0)
+            if e["type"].endswith("transcription.failed"):     # this server takes one upload at a time
                 assert "queue is full" in e["error"]["message"] and e["item_id"] in committed, e
                 busy.append(e)
             elif e["type"] == "input_audio_buffer.committed":
@@ -593,6 +600,47 @@ def test_asr_realtime_speech_without_end_is_cut_at_the_upload_limit(asr_none):
                 completed.append(e)
         assert completed and len(completed) + len(busy) == len(committed)
         assert all(s["end"] <= 32 for e in completed for s in e["segments"])     # cut at ~31 s, not at the end
+
+
+def test_asr_realtime_with_openais_client_and_ga_session(asr_server, tiny, tmp_path):
+    """The official openai client's Realtime connection (GA): a GA-shaped session.update (type
+    transcription, audio.input's format, turn_detection null, transcription.prompt) takes effect
+    and is answered in that shape; every event validates as the client's own type (event_id,
+    usage); the transcript is the CLI's with that context."""
+    import base64
+
+    import soxr
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    server_event = TypeAdapter(RealtimeServerEvent)
+    pcm = sf.read(ONE, dtype="float32")[0]
+    at24k = (np.clip(soxr.resample(pcm, 16000, 24000), -1, 1) * 32767).astype("<i2")
+    client = openai.OpenAI(base_url=asr_server.url("/v1"), api_key="x", max_retries=0)
+    with client.realtime.connect(model="tinyasr") as conn:
+        conn.recv()                     # transcription_session.created (beta's name: not a GA type)
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None,
+            "transcription": {"model": "tinyasr", "prompt": "Ophelia"}}}})
+        updated = server_event.validate_python(json.loads(conn.recv_bytes()))
+        assert updated.type == "session.updated" and updated.session.type == "transcription"
+        assert updated.session.audio.input.turn_detection is None
+        assert updated.session.audio.input.transcription.prompt == "Ophelia"
+        conn.session.update(session={"type": "realtime"})
+        refused = server_event.validate_python(json.loads(conn.recv_bytes()))
+        assert refused.type == "error" and refused.error.param == "session.type"
+        conn.input_audio_buffer.append(audio=base64.b64encode(at24k.tobytes()).decode())
+        conn.input_audio_buffer.commit()
+        seen = []
+        while not seen or seen[-1].type != "conversation.item.input_audio_transcription.completed":
+            seen.append(server_event.validate_python(json.loads(conn.recv_bytes())))
+            assert seen[-1].event_id.startswith("event_") and seen[-1].type != "error", seen[-1]
+    assert seen[0].type == "input_audio_buffer.committed"
+    done = seen[-1]
+    assert done.usage.type == "tokens" and done.usage.output_tokens >= 0 and done.usage.input_tokens > 0
+    wav = tmp_path / "one24k.wav"
+    sf.write(wav, at24k, 24000, subtype="PCM_16")
+    assert done.transcript == json.loads(asr_cli(tiny, wav, "output_format=json", "context=Ophelia"))["text"]
 
 
 def test_asr_live_client_prints_the_files_segments(asr_server, tiny, tmp_path):
@@ -624,6 +672,30 @@ def test_asr_live_client_prints_the_files_segments(asr_server, tiny, tmp_path):
                         (tmp_path / "missing.wav", "url=ws://127.0.0.1:9/v1/realtime")):   # the file's error first
         r = subprocess.run([*live, str(bad), server], capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.splitlines() == [r.stderr.strip()] and bad.name in r.stderr, r.stderr
+
+
+def test_the_live_client_prints_in_order_past_a_failed_item(capsys):
+    """glm_asr.live's printer: items in the order committed, each once it and those before it
+    are done; a `.failed` item is an error line (exit status 1) and does not hold back the next."""
+    import asyncio
+    import io
+
+    from glm_asr.live import show
+
+    events = [{"type": "input_audio_buffer.committed", "item_id": "a"},
+              {"type": "input_audio_buffer.committed", "item_id": "b"},
+              {"type": "conversation.item.input_audio_transcription.completed", "item_id": "b", "transcript": " two"},
+              {"type": "conversation.item.input_audio_transcription.failed", "item_id": "a",
+               "error": {"message": "the queue is full"}},
+              {"type": "input_audio_buffer.cleared"}]
+
+    class Socket:
+        async def recv(self):
+            return json.dumps(events.pop(0))
+
+    out = io.StringIO()
+    assert asyncio.run(show(Socket(), False, out)) == 1
+    assert out.getvalue() == "two\n" and capsys.readouterr().err == "error: the queue is full\n"
 
 
 def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):

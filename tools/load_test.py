@@ -283,7 +283,7 @@ async def live_session(http, url: str, pcm: bytes) -> tuple[list[float], float]:
                     waits.append(now - stopped[e["item_id"]])
             elif e["type"] == "input_audio_buffer.cleared":
                 ended = True
-            elif e["type"] == "error":
+            elif e["type"] in ("error", "conversation.item.input_audio_transcription.failed"):
                 raise RuntimeError(f"live: {e['error']['message']}")
         done.set()
 

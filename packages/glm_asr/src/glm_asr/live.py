@@ -133,7 +133,7 @@ async def show(ws, timestamps: bool, out) -> int:
             done[e["item_id"]] = when + text if text else None
         elif kind == "input_audio_buffer.cleared":
             ended = True
-        elif kind == "error":
+        elif kind in ("error", "conversation.item.input_audio_transcription.failed"):
             errors += 1
             if e.get("item_id") is not None:
                 done[e["item_id"]] = None

@@ -1,8 +1,10 @@
 """OpenAI's Realtime transcription over a WebSocket (/v1/realtime): the client sets up the session
 (`transcription_session.update` or `session.update`: `input_audio_format` "pcm16", our
 `input_sample_rate`, default OpenAI's 24000, `turn_detection` and, as OpenAI's, an
-`input_audio_transcription.prompt`: our context) and appends base64 PCM16
-(`input_audio_buffer.append`).
+`input_audio_transcription.prompt`: our context; or the GA shape, `session.update` with `type`
+"transcription" and `audio.input`'s `format` {"type": "audio/pcm", "rate"}, `turn_detection` and
+`transcription.prompt`, answered in that shape) and appends base64 PCM16
+(`input_audio_buffer.append`). Every server event has an `event_id`.
 
 turn_detection null (push-to-talk): each `input_audio_buffer.commit` is transcribed through the
 server's shared pipeline like an upload (the same VAD, guard and instruction).
@@ -15,8 +17,9 @@ later audio can change it `speech_stopped`, `committed` (an item a segment) and 
 transcription, decoded as a file's segment is. A commit ends the stream there (as a file ends).
 
 Each item's text comes as `conversation.item.input_audio_transcription.delta` events as its
-segments are decoded, then `.completed` with the transcript and its segments' times (in the
-stream's time). Bad events get OpenAI's `error` event; the session goes on.
+segments are decoded, then `.completed` with the transcript, the tokens used (`usage`) and its
+segments' times (in the stream's time), or `.failed`. Bad events get OpenAI's `error` event; the
+session goes on.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import binascii
 import itertools
 import json
 import logging
+import uuid
 
 import dataclasses
 from typing import Callable
@@ -47,6 +51,10 @@ log = logging.getLogger("glm_asr.realtime")
 FEEDER = Feeder()                # every session's live VAD, fed together (one encoder chain a round)
 OPENAI_VAD = {"threshold": "threshold", "silence_duration_ms": "min_silence_duration_ms",
               "prefix_padding_ms": "speech_pad_ms"}     # OpenAI's server_vad fields: ours
+GA_PARAMS = {"session.input_sample_rate": "session.audio.input.format.rate",
+             "session.input_audio_format": "session.audio.input.format",
+             "session.turn_detection": "session.audio.input.turn_detection",
+             "session.input_audio_transcription.prompt": "session.audio.input.transcription.prompt"}
 
 
 class SessionError(Exception):
@@ -106,8 +114,25 @@ class Session:
         self.jobs: set[Job] = set()
 
     def settings(self) -> dict:
-        turns = None if self.turns is None else {"type": "server_vad", **dataclasses.asdict(self.turns)}
-        return {"input_audio_format": "pcm16", "input_sample_rate": self.rate or OPENAI_RATE, "turn_detection": turns}
+        """The session as OpenAI's transcription_session events show it."""
+        return {"input_audio_format": "pcm16", "input_sample_rate": self.rate or OPENAI_RATE,
+                "turn_detection": self.turn_settings(), "input_audio_transcription": {"prompt": self.context or ""}}
+
+    def ga_settings(self) -> dict:
+        """The session in the shape of OpenAI's GA session events (a transcription session)."""
+        return {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": self.rate or OPENAI_RATE}, "noise_reduction": None,
+            "transcription": {"prompt": self.context or ""}, "turn_detection": self.turn_settings()}}}
+
+    def turn_settings(self) -> dict | None:
+        """server_vad's options under OpenAI's names (threshold, prefix_padding_ms,
+        silence_duration_ms), then the rest of ours."""
+        if self.turns is None:
+            return None
+        o = dataclasses.asdict(self.turns)
+        return {"type": "server_vad", "threshold": o.pop("threshold"),
+                "prefix_padding_ms": round(o.pop("speech_pad_ms")),
+                "silence_duration_ms": round(o.pop("min_silence_duration_ms")), **o}
 
     async def handle(self, raw: str) -> None:
         try:
@@ -146,6 +171,18 @@ class Session:
     async def update(self, s: dict, kind: str) -> None:
         if not isinstance(s, dict):
             raise SessionError("session must be an object", param="session")
+        if kind == "session.update" and ("type" in s or "audio" in s):
+            try:
+                await self.apply(ga_session(s))
+            except SessionError as e:       # said with the GA shape's names
+                raise SessionError(str(e), e.code, GA_PARAMS.get(e.param, e.param)) from None
+            await self.send({"type": "session.updated", "session": self.ga_settings()})
+            return
+        await self.apply(s)
+        await self.send({"type": kind.replace("update", "updated"), "session": self.settings()})
+
+    async def apply(self, s: dict) -> None:
+        """Take a session's settings (the beta shape), all or none."""
         fmt = s.get("input_audio_format", "pcm16")
         if fmt != "pcm16":
             raise SessionError(f"input_audio_format must be pcm16, got {fmt!r}", param="session.input_audio_format")
@@ -170,7 +207,6 @@ class Session:
                                param="session.input_sample_rate" if rate != self.rate else "session.turn_detection")
         self.rate, self.turns = rate, turns
         self.context = context if context is not None else self.context
-        await self.send({"type": kind.replace("update", "updated"), "session": self.settings()})
 
     def turn_detection(self, t) -> VadOptions | None:
         """server_vad's options from a session's turn_detection (None: push-to-talk)."""
@@ -295,11 +331,12 @@ class Session:
 
     async def transcribe(self, item: str, job: Job) -> None:
         job.future.add_done_callback(lambda _: job.emit(None))
-        segments, text = [], ""
+        segments, text, used_in, used_out = [], "", 0, 0
         try:
             submit(self.worker(), job)
             while (part := await job.items.get()) is not None:
                 segments.append(part[0])
+                used_in, used_out = used_in + part[1], used_out + part[2]
                 now = join_text(segments)       # the deltas join to the transcript (Transcript.text's join)
                 if len(now) > len(text):
                     await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item,
@@ -308,10 +345,13 @@ class Session:
             result = job.future.result()
             await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                              "content_index": 0, "transcript": result.text,
+                             "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,
+                                       "total_tokens": used_in + used_out},
                              "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments]})
         except Exception as e:  # noqa: BLE001 - the item failed (bad audio, a full queue): said, the session goes on
-            await self.send({**error_event(str(e) or e.__class__.__name__, "transcription_failed", None),
-                             "item_id": item})
+            await self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item,
+                             "content_index": 0, "error": error_event(str(e) or e.__class__.__name__,
+                                                                      "transcription_failed", None)["error"]})
         finally:
             self.jobs.discard(job)
 
@@ -339,7 +379,8 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
         async with lock:
             if open_[0]:
                 try:
-                    await ws.send_text(json.dumps(message, ensure_ascii=False))
+                    await ws.send_text(json.dumps({"event_id": f"event_{uuid.uuid4().hex[:22]}", **message},
+                                                  ensure_ascii=False))
                 except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
                     open_[0] = False
 
@@ -362,6 +403,31 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
     finally:
         open_[0] = False
         session.close()
+
+
+def ga_session(s: dict) -> dict:
+    """A GA-shaped session (type "transcription", audio.input.{format, turn_detection,
+    transcription}) as the beta shape's settings."""
+    if s.get("type", "transcription") != "transcription":
+        raise SessionError(f"this server transcribes: session.type must be 'transcription', got {s.get('type')!r}",
+                           "unsupported", "session.type")
+    audio = s.get("audio") or {}
+    inp = audio.get("input") or {} if isinstance(audio, dict) else None
+    if not isinstance(inp, dict):
+        raise SessionError("audio.input must be an object", param="session.audio.input")
+    flat = {}
+    fmt = inp.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
+            raise SessionError("audio.input.format must be {\"type\": \"audio/pcm\", \"rate\": ...}", "unsupported",
+                               "session.audio.input.format")
+        if "rate" in fmt:
+            flat["input_sample_rate"] = fmt["rate"]
+    if "turn_detection" in inp:
+        flat["turn_detection"] = inp["turn_detection"]
+    if inp.get("transcription") is not None:
+        flat["input_audio_transcription"] = inp["transcription"]
+    return flat
 
 
 def ms(sample: int) -> int:

@@ -267,7 +267,7 @@ def add_transcriptions(app, s: Served) -> None:
             with Audio(path, o["audio_stream"], name=name) as audio:
                 seconds = audio.seconds
         except AudioError as e:
-            raise APIError(415, f"cannot decode the audio: {e}", "file", "invalid_audio") from None
+            raise APIError(400, f"cannot decode the audio: {e}", "file", "invalid_audio") from None     # OpenAI's
 
         job = Job()
         job.source, job.stream = (name, lambda: Audio(path, o["audio_stream"], name=name)), stream
@@ -284,8 +284,7 @@ def add_transcriptions(app, s: Served) -> None:
         except ClientGone:
             return error_response(499, "the client went away")
         except ASRError as e:
-            raise APIError(415 if "decod" in str(e).lower() or "read" in str(e).lower() else 400,
-                           str(e), "file", "invalid_audio") from None
+            raise APIError(400, str(e), "file", "invalid_audio") from None
         return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
 
 
@@ -355,13 +354,11 @@ async def _next(request: Request, job: Job):
 
 
 def _verbose_segment(i: int, s: dict) -> dict:
-    """A segment in OpenAI's verbose_json shape; no_speech_prob where the VAD cut it (vad none:
-    absent)."""
+    """A segment in OpenAI's verbose_json shape; no_speech_prob 1 minus the VAD's mean speech
+    probability over it (vad none: 0, no evidence of its absence; the field is required there)."""
     out = {"id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": s["tokens"],
            "temperature": s["temperature"], "avg_logprob": s["avg_logprob"],
-           "compression_ratio": s["compression_ratio"]}
-    if s["no_speech_prob"] is not None:
-        out["no_speech_prob"] = s["no_speech_prob"]
+           "compression_ratio": s["compression_ratio"], "no_speech_prob": s["no_speech_prob"] or 0.0}
     return out
 
 

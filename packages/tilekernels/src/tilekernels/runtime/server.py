@@ -31,7 +31,7 @@ from .device import freeze_heap
 
 log = logging.getLogger("tilekernels.server")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",    # OpenAI's
           405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
           429: "rate_limit_error", 499: "invalid_request_error", 503: "server_overloaded", 500: "server_error"}
 
