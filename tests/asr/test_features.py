@@ -30,10 +30,27 @@ def test_log_mel_matches_float64_recipe(rng):
     np.testing.assert_allclose(got, slow_log_mel(x.astype(np.float64)), atol=1e-5)
 
 
-def test_mel_filters_are_slaney_normalised():
+def test_mel_filters_are_librosas():
+    """The shipped table is librosa's Slaney filters, to the bit (regenerate it with the call
+    below and np.savez_compressed(MEL_FILTERS, mel_128=...) if librosa's ever change)."""
+    import librosa
+
     f = mel_filters()
-    assert f.shape == (128, 201)
+    want = librosa.filters.mel(sr=16000, n_fft=400, n_mels=128, fmin=0.0, fmax=8000.0, htk=False, norm="slaney")
+    assert f.shape == (128, 201) and f.dtype == np.float64
+    np.testing.assert_array_equal(f, want.astype(np.float64))
     assert (f >= 0).all() and (f.sum(1) > 0).all()
+
+
+def test_features_need_no_librosa_import():
+    """A first file's features import neither librosa nor scipy (seconds of a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np; from glm_asr.features import log_mel; log_mel(np.zeros(16000, np.float32)); "
+            "print(sorted(m for m in ('librosa', 'scipy', 'numba') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("frames,tokens", [(3000, 375), (7, 1), (6, 0), (1, 0), (1001, 125), (2999, 375)])

@@ -1,7 +1,8 @@
 """Audio in, log-mel features out, exactly as transformers' WhisperFeatureExtractor
 (feature_size=128) computes them for each 30 s window.
 
-audio.py reads the samples; librosa provides the Slaney mel filters; the STFT is an rfft over a
+audio.py reads the samples; librosa provides the Slaney mel filters (shipped as computed by it:
+importing librosa.filters took seconds of a first file); the STFT is an rfft over a
 periodic Hann window, in float64 with numpy on the CPU (log_mels: the recipe) or with cupy on the
 GPU (_log_mels_device: the same arithmetic in a few fused kernels, as a 30 s clip waits for it).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -25,14 +27,17 @@ FRAMES = WINDOW_SAMPLES // HOP                         # 3000
 _FILTERS: np.ndarray | None = None
 
 
+MEL_FILTERS = Path(__file__).resolve().parent / "data" / "mel_filters.npz"
+
+
 def mel_filters() -> np.ndarray:
-    """(128, 201) Slaney-scale, Slaney-normalised mel filters over 0-8000 Hz."""
+    """(128, 201) Slaney-scale, Slaney-normalised mel filters over 0-8000 Hz: librosa.filters.mel(
+    sr=16000, n_fft=400, n_mels=128, fmin=0, fmax=8000, htk=False, norm="slaney"), as stored in
+    MEL_FILTERS (tests/asr/test_features.py compares them)."""
     global _FILTERS
     if _FILTERS is None:
-        import librosa
-
-        _FILTERS = librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=128, fmin=0.0, fmax=8000.0,
-                                       htk=False, norm="slaney").astype(np.float64)
+        with np.load(MEL_FILTERS) as f:
+            _FILTERS = f["mel_128"].astype(np.float64)
     return _FILTERS
 
 
