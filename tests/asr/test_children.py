@@ -141,3 +141,33 @@ def test_bulk_workers_end_with_a_killed_client(tiny, audio_dir, tmp_path):
         assert_killing_ends_them(proc, procs)
     finally:
         stop(proc, procs)
+
+
+# ------------------------------------------------------------------ a user's script
+SCRIPT = """
+import glm_asr
+from glm_asr.vad import workers
+print("ran", flush=True)
+asr = glm_asr.load({tiny!r}, device="cpu")
+print(asr.transcribe({audio!r}, max_new_tokens=4).text is not None, workers._POOL[1] is not None, flush=True)
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once(tiny, tmp_path):
+    """The README's Python example as a plain script on the CPU: the VAD's worker processes are
+    spawned only when that runs nothing of the user's again (a spawned process imports the main
+    module): without `if __name__ == "__main__":` the VAD runs in the script's process, the
+    script runs once, no traceback; with the guard the workers start."""
+    audio = str(Path(__file__).resolve().parent / "fixtures" / "one.flac")
+    body = SCRIPT.format(tiny=str(tiny), audio=audio)
+    plain = tmp_path / "plain.py"
+    plain.write_text(body)
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text("import glm_asr\nfrom glm_asr.vad import workers\n\n\ndef main():\n"
+                       + "".join(f"    {line}\n" for line in body.splitlines()[3:] if line)
+                       + "\n\nif __name__ == '__main__':\n    main()\n")
+    for script, pooled in ((plain, "False"), (guarded, "True")):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.splitlines() == ["ran", f"True {pooled}"], (script.name, r.stdout,
+                                                                                        r.stderr)
+        assert "Traceback" not in r.stderr and "Error" not in r.stderr, r.stderr

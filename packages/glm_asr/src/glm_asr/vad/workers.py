@@ -3,7 +3,9 @@ GIL in a busy pipeline's process), long inputs streamed through it a chunk at a 
 chunks under way at once (chunk_probs, stream_probs)."""
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import threading
 import warnings
 from collections import deque
@@ -29,7 +31,7 @@ def _pool() -> tuple[int, object, int]:
     with _LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
             pool, n = None, max(1, min(PROCESSES, _cpus() // 2))
-            if not multiprocessing.current_process().daemon:
+            if not multiprocessing.current_process().daemon and spawn_runs_no_program():
                 from concurrent.futures import ProcessPoolExecutor
 
                 from tilekernels.runtime.parent import watch_parent
@@ -39,8 +41,45 @@ def _pool() -> tuple[int, object, int]:
                                            initializer=watch_parent, initargs=(os.getpid(),))
                 for _ in range(n):      # spawned one a submit: start them all now, each loading the weights
                     pool.submit(speech_probs, np.zeros(FRAME, np.float32))
+                atexit.register(stop_workers)   # before the interpreter tears down what the pool's threads use
             _POOL = (os.getpid(), pool, max(1, _cpus() // n))
         return _POOL
+
+
+def spawn_runs_no_program() -> bool:
+    """Whether a spawned worker can start without running the program that started it again: a
+    spawned process imports the __main__ module (a script by its path, a -m module by its name)
+    and so runs its top-level statements; a user's script without `if __name__ == "__main__":`
+    would run twice. Safe: our command lines (python -m glm_asr.transcribe, ...), a package's
+    __main__, an interactive session or -c, and a main module whose top level only imports and
+    defines; elsewhere the VAD runs in this process."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and (spec.name.split(".")[0] in ("glm_asr", "gpt", "tilekernels")
+                             or spec.name.endswith("__main__")):
+        return True
+    path = getattr(spec, "origin", None) if spec is not None else getattr(main, "__file__", None)
+    return path is None or _defines_only(path)
+
+
+def _defines_only(path: str) -> bool:
+    """Whether a module's top level only imports, defines (functions, classes, constants) and
+    runs the rest under `if __name__ == "__main__":`."""
+    import ast
+
+    try:
+        tree = ast.parse(open(path, "rb").read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+
+    def quiet(node) -> bool:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return True
+        if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)):
+            return node.value is None or isinstance(node.value, ast.Constant)
+        return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+    return all(quiet(node) for node in tree.body)
 
 
 def start_workers() -> None:
@@ -53,7 +92,7 @@ def start_workers() -> None:
 def stop_workers() -> None:
     """Stop the VAD's worker processes (a server's shutdown: a server killed by a signal it
     re-raises runs no atexit hooks) and wait for them to exit; pooled_probs starts them again.
-    A normal interpreter exit stops them too (concurrent.futures' own exit hook)."""
+    A normal interpreter exit stops them too (an atexit hook, before the interpreter tears down)."""
     global _POOL
     with _LOCK:
         pool, _POOL = (_POOL[1] if _POOL is not None and _POOL[0] == os.getpid() else None), None
