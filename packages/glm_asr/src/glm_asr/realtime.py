@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from tilekernels.runtime.server import Job, submit
+from tilekernels.runtime.server import APIError, Job, submit
 
 from .audio import SAMPLE_RATE
 from .reading import Cut
@@ -44,6 +44,9 @@ from .subtitles import join_text
 from .vad import VadOptions
 from .vad.live import Feeder, LiveVad, Speech
 
+IN_FLIGHT = 8                   # a session's items in the server's queue at once; more wait in the session
+WAITING = 32                    # items waiting so; past that the session reads no more of its socket
+ROOM_WAIT_S = 600               # how long an item waits for room in a full server before it fails
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -112,6 +115,8 @@ class Session:
         self.previous: str | None = None
         self.tasks: set[asyncio.Task] = set()
         self.jobs: set[Job] = set()
+        self.room = asyncio.Condition()     # IN_FLIGHT and WAITING: a client faster than the server waits
+        self.in_flight = self.waiting = 0
 
     def settings(self) -> dict:
         """The session as OpenAI's transcription_session events show it."""
@@ -324,16 +329,40 @@ class Session:
             raise SessionError(str(e), param="session.input_audio_transcription.prompt") from None
         previous, self.previous = self.previous, item
         await self.send({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
+        async with self.room:               # too many waiting: no more reading until some are under way
+            await self.room.wait_for(lambda: self.waiting < WAITING)
+            self.waiting += 1
         self.jobs.add(job)
         task = asyncio.ensure_future(self.transcribe(item, job))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def enter(self, job: Job) -> None:
+        """Submit the job once the server's queue has room (waiting up to ROOM_WAIT_S for it): a
+        client that sends faster than the server transcribes (a file at full speed) waits, its
+        items are not refused."""
+        deadline = asyncio.get_running_loop().time() + ROOM_WAIT_S
+        while True:
+            try:
+                submit(self.worker(), job)
+                return
+            except APIError as e:
+                if e.status != 503 or asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.05)
+
     async def transcribe(self, item: str, job: Job) -> None:
+        """The item's transcription (once fewer than IN_FLIGHT of the session's are under way),
+        its text sent as deltas as its segments are decoded, then .completed (or .failed)."""
         job.future.add_done_callback(lambda _: job.emit(None))
         segments, text, used_in, used_out = [], "", 0, 0
+        under_way = False
         try:
-            submit(self.worker(), job)
+            async with self.room:
+                await self.room.wait_for(lambda: self.in_flight < IN_FLIGHT)
+                self.in_flight, self.waiting, under_way = self.in_flight + 1, self.waiting - 1, True
+                self.room.notify_all()
+            await self.enter(job)
             while (part := await job.items.get()) is not None:
                 segments.append(part[0])
                 used_in, used_out = used_in + part[1], used_out + part[2]
@@ -354,6 +383,12 @@ class Session:
                                                                       "transcription_failed", None)["error"]})
         finally:
             self.jobs.discard(job)
+            async with self.room:
+                if under_way:
+                    self.in_flight -= 1
+                else:
+                    self.waiting -= 1
+                self.room.notify_all()
 
     def close(self) -> None:
         """The socket went away: its commits leave the pipeline."""
