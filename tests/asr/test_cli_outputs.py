@@ -143,6 +143,14 @@ def test_truncated_wav_warns_and_transcribes(tiny, tmp_path):
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and str(wav) in warnings[0] and "truncated" in warnings[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout.count("\n") == 1
+    import struct
+
+    pcm = (np.sin(2 * np.pi * 440 * t) * 9000).astype("<i2").tobytes()        # a WAV as ffmpeg streams it to a
+    streamed = (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, 16000,
+                32000, 2, 16) + b"data" + struct.pack("<I", 0xFFFFFFFF) + pcm)       # pipe: sizes 2**32 - 1, unknown
+    r = subprocess.run([sys.executable, "-m", "glm_asr.transcribe", "-", f"model.path={tiny}", "vad=none",
+                        "max_new_tokens=2", "device=cpu"], input=streamed, capture_output=True, timeout=300)
+    assert r.returncode == 0 and r.stderr.decode().startswith("1 file transcribed"), r.stderr
 
 
 def test_a_wav_cut_after_its_header_is_one_error_and_the_others_go_on(tiny, audio_dir, tmp_path):

@@ -340,3 +340,46 @@ def test_the_loop_guard_on_the_command_line(tiny, tmp_path):
                          ("logprob_threshold=0.5", "logprob_threshold must be")):
         r = cli(clip, f"model.path={tiny}", "device=cpu", bad)
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+
+
+def test_a_missing_input_is_said_before_the_model_loads(tmp_path):
+    """A typo'd path is the error, not the model that was never needed (here no checkpoint at all)."""
+    r = cli(tmp_path / "typo.wav", f"model.path={tmp_path / 'no-model'}", "device=cpu")
+    assert r.returncode == 1 and r.stderr.strip() == f"error: {tmp_path / 'typo.wav'}: no such file", r.stderr
+
+
+def test_with_output_dir_a_short_file_is_not_held_behind_a_long_one(tiny, audio_dir, tmp_path):
+    """in_order=False (what the CLI uses with output_dir): each file comes back once it is done
+    (two windows decoding at once: the short file's is done long before the long one's ten)."""
+    import glm_asr
+    import soundfile as sf
+
+    sf.write(tmp_path / "five.flac", np.tile(sf.read(audio_dir / "long.flac", dtype="float32")[0], 5), 16000)
+    asr = glm_asr.load(str(tiny), device="cpu", max_batch=2)
+    files = [str(tmp_path / "five.flac"), str(audio_dir / "speech16k.wav")]
+    kept = [r.source for r in asr.transcribe_many(files, vad="none", max_new_tokens=2)]
+    first_done = [r.source for r in asr.transcribe_many(files, vad="none", max_new_tokens=2, in_order=False)]
+    assert kept == files and first_done == files[::-1]
+
+
+def test_sigterm_stops_as_ctrl_c_does(tiny, audio_dir, tmp_path):
+    """SIGTERM mid-run (a batch system's stop): exit 143, no traceback, standard input's copy and
+    the scratch folder removed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1"}
+    with open(audio_dir / "long.flac", "rb") as stdin:
+        p = subprocess.Popen([sys.executable, "-m", "glm_asr.transcribe", "-", f"model.path={tiny}", "device=cpu",
+                              "vad=none"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + 120
+        while not list(scratch.rglob("stdin*")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 143 and b"Traceback" not in err and list(scratch.iterdir()) == [], err

@@ -191,3 +191,15 @@ def test_two_streams_read_in_turn_and_a_generate_between(ckpt):
     first = next(s)
     assert lm.generate("the slings", **kw)[0].text == want[1]
     assert first + "".join(s) == want[0]
+
+
+def test_a_closed_output_pipe_ends_it_quietly():
+    """python -m gpt.generate | head: the reader that went away ends it without an error line,
+    exit 141 (as a tool SIGPIPE ends), not 'error: [Errno 32] Broken pipe'."""
+    p = subprocess.Popen([sys.executable, "-m", "gpt.generate", "device=cpu", "prompt=To be", "max_new_tokens=250",
+                          "seed=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(120) == 141 and err == b"", err

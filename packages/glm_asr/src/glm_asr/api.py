@@ -138,9 +138,10 @@ class SpeechRecognizer:
                         ignore_eos: bool = False, temperature: float | Sequence[float] = 0.0,
                         compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
                         logprob_threshold: float | None = LOGPROB_THRESHOLD,
-                        context: str | None = None) -> Iterator[Transcript]:
+                        context: str | None = None, in_order: bool = True) -> Iterator[Transcript]:
         """transcribe of each input, all through one pipeline (windows of different files decode
-        together), yielded in order as each completes; an input that cannot be transcribed
+        together), each yielded once it and those before it are done (in_order False: once it is
+        done, so a short file is not held behind a long one); an input that cannot be transcribed
         yields a Transcript with .error set, and the others go on. ignore_eos: decode
         max_new_tokens a window whatever comes (benchmarks: the same work every run). A live
         iterable may yield None for "nothing new yet": the work in flight goes on."""
@@ -155,7 +156,8 @@ class SpeechRecognizer:
 
             sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
-                                                                          options, ignore_eos, fallback=guard):
+                                                                          options, ignore_eos, in_order,
+                                                                          fallback=guard):
                 if isinstance(result, Exception):       # this input's failure: the others go on
                     msg = str(result) if isinstance(result, (CheckpointError, AudioError, ValueError, OSError)) \
                         else f"{type(result).__name__}: {result}"

@@ -81,9 +81,10 @@ class Audio:
             f = soundfile.SoundFile(str(p))
         except Exception:       # not a format libsndfile knows: FFmpeg's turn
             return None
-        # libsndfile's note on a cut-short file
+        # libsndfile's note on a cut-short file; a size of 2**32 - 1 is a streamed WAV's "unknown" (ffmpeg's
+        # to a pipe), not a claim
         short = re.search(r"data\s*:\s*(\d+) \(should be (\d+)\)", f.extra_info)
-        if short and 0 < int(short.group(2)) < int(short.group(1)):     # (0: no samples, said when read)
+        if short and 0 < int(short.group(2)) < int(short.group(1)) < 0xFFFFFFFF:   # (0: no samples, said when read)
             got = f.frames / f.samplerate
             print(f"warning: {self.name}: truncated: its header claims "
                   f"{got * int(short.group(1)) / int(short.group(2)):.2f} s, {got:.2f} s read", file=sys.stderr)
@@ -218,7 +219,7 @@ def expand_inputs(args: list[str], extensions=EXTENSIONS) -> tuple[list[str], li
     inside it whose extension is one of `extensions` (recursively, in sorted path order, hidden
     files such as macOS's ._x.wav skipped), a glob
     pattern that is not an existing path as its matches (sorted; '**' recurses), the same on every
-    shell. A pattern or directory that yields nothing is an error line."""
+    shell. A missing path, or a pattern or directory that yields nothing, is an error line."""
     exts = {"." + e.lower().lstrip(".") for e in extensions}
     inputs, errors = [], []
     for a in args:
@@ -236,8 +237,10 @@ def expand_inputs(args: list[str], extensions=EXTENSIONS) -> tuple[list[str], li
             inputs += found
             if not found:
                 errors.append(f"{a}: no files match")
+        elif p.exists():
+            inputs.append(a)        # not a regular file (a pipe): said when read, if it cannot be
         else:
-            inputs.append(a)        # missing: reported as such when read
+            errors.append(f"{a}: no such file")
     return inputs, errors
 
 

@@ -1,7 +1,8 @@
 """python -m glm_asr.transcribe audio.wav [more files ...] [key=value ...]
 
-Speech recognition with GLM-ASR on tilekernels. Each 30 s window of a file is one request
-(its segment in srt/vtt/json); windows are encoded 8 at a time, so any length works.
+Speech recognition with GLM-ASR on tilekernels. Each speech segment of a file (vad=none: each
+30 s window) is one request (its segment in srt/vtt/json); all files' segments decode together,
+so any length and number works. With output_dir each file is written as soon as it is done.
 
     python -m glm_asr.transcribe talk.flac output_format=srt output_dir=subs
     python -m glm_asr.transcribe a.wav b.ogg model.path=/ckpt device=cpu
@@ -49,6 +50,10 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     if args.count("-") > 1:
         raise ValueError("standard input ('-') can be read once only")
     files, errors = expand_inputs(args, extensions(cfg.extensions))
+    for e in errors:                                # said before the model loads
+        print(f"error: {e}", file=sys.stderr)
+    if not files:
+        return 1
     if fmt in ("srt", "vtt") and len(files) + len(errors) > 1 and not out_dir:
         raise ValueError(f"output_format={fmt} with several files needs output_dir=DIR (one subtitle file each)")
     if out_dir:
@@ -64,16 +69,18 @@ def run(cfg: DictConfig, args: list[str]) -> int:
                precision=o["precision"])
     asr.transcriber.check(o["prompt"], o["max_new_tokens"])
     mark("model loaded")
-    for e in errors:
-        print(f"error: {e}", file=sys.stderr)
     failed, done, seconds, began = len(errors), 0, 0.0, time.perf_counter()
     from tqdm import tqdm
 
     with tqdm(unit="s", desc="audio", file=sys.stderr, disable=not sys.stderr.isatty(), leave=False) as bar:
         results = asr.transcribe_many(files, prompt=o["prompt"], max_new_tokens=o["max_new_tokens"],
-                                      audio_stream=o["audio_stream"], vad=o["vad"],
-                                      vad_options=vad, progress=bar, **guard)
-        for name, r in zip(names, results):
+                                      audio_stream=o["audio_stream"], vad=o["vad"], vad_options=vad,
+                                      progress=bar, in_order=not out_dir, **guard)
+        named: dict[str, list[str]] = {}
+        for f, name in zip(files, names):
+            named.setdefault(f, []).append(name)
+        for r in results:
+            name = named[r.source].pop(0)
             if r.error:
                 print(f"error: {r.error}", file=sys.stderr)
                 failed += 1

@@ -254,12 +254,6 @@ def main() -> None:
         return
     import hydra
 
-    import signal
-
-    def stop(signum, frame):        # a batch system's SIGTERM: stop as on Ctrl-C (summary, cluster closed)
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
     inputs, rest = split_args(sys.argv[1:])
     sys.argv = [sys.argv[0]] + rest
 

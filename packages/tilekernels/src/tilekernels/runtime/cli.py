@@ -7,6 +7,7 @@ import math
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -190,19 +191,49 @@ def hydra_message(e: Exception) -> str:
     return "; ".join(h for h in head if h) + (" " + ", ".join(items) if items else "") or type(e).__name__
 
 
-def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
-    """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback
-    (a config the body cannot read, say a key deleted with ~key, too: one line, as run_hydra's)."""
-    from omegaconf.errors import OmegaConfBaseException
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is: the same clean-up."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
+
+
+def _stdout_is_a_pipe() -> bool:
+    import stat
 
     try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
+    """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback
+    (a config the body cannot read, say a key deleted with ~key, too: one line, as run_hydra's).
+    SIGTERM stops it as Ctrl-C does (temporary files removed; exit 143, Ctrl-C 130); a reader that
+    closed the output pipe (| head) ends it quietly (exit 141, as a tool SIGPIPE ends)."""
+    import signal
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
         code = run() or 0
+    except BrokenPipeError as e:
+        if not _stdout_is_a_pipe():
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(1)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # no second error at exit's flush
+        sys.exit(141)
     except (CheckpointError, CompilerError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
     except OmegaConfBaseException as e:
         print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        sys.exit(143 if isinstance(e, Terminated) else 130)
     sys.exit(code)
