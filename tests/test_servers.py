@@ -666,6 +666,8 @@ def test_asr_live_client_prints_the_files_segments(asr_server, asr_none, tiny, t
                        capture_output=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().splitlines() == [s["text"].strip() for s in want]
+    r = subprocess.run([*live, "-", url], input=b"", capture_output=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.decode() == "error: no audio to send: standard input was empty\n"
     r = subprocess.run([*live, str(wav), "url=ws://127.0.0.1:9/v1/realtime"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and r.stderr.startswith("error: cannot connect to") and len(r.stderr.splitlines()) == 1

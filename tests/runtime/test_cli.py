@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from glm_asr.formats import output_names, render, write_atomic
-from tilekernels.runtime.cli import Bool, Float, Int, OptInt, OptStr, Str, config_dir, options, split_args
+from tilekernels.runtime.cli import (Bool, Float, Int, OptInt, OptStr, Str, config_dir, hydra_argv, options,
+                                     split_args)
 
 
 # --- options(): checked values at the config boundary ---------------------------------------
@@ -118,6 +119,27 @@ def test_what_hydra_refuses_is_one_line(module, arg, says, tmp_path):
                        cwd=tmp_path, timeout=120)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(says), r.stderr
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_a_flag_before_an_option_and_an_unknown_flag(module, tmp_path):
+    """Hydra's parser takes no key=value after one of its flags: `device=cpu --cfg job x=y` works
+    as `--cfg job device=cpu x=y` does; a GNU-style --output_dir=out is one line naming the fix."""
+    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], "--cfg", "job", "+zz=1"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stderr == "" and "zz: 1" in r.stdout.splitlines(), r.stderr
+    r = subprocess.run([sys.executable, "-m", module, *COMMANDS[module], "--output_dir=out"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "error: unknown flag '--output_dir=out': options are key=value (write output_dir=out)"], r.stderr
+
+
+def test_hydra_argv_puts_flags_first():
+    assert hydra_argv(["device=cpu", "--cfg", "job", "prompt=x"]) == ["--cfg", "job", "device=cpu", "prompt=x"]
+    assert hydra_argv(["a=1", "--info", "b=2", "--cfg=job"]) == ["--info", "--cfg=job", "a=1", "b=2"]
+    assert hydra_argv(["--info", "config", "a=1"]) == ["--info", "config", "a=1"]
+    with pytest.raises(ValueError, match="unknown flag '-x'"):
+        hydra_argv(["-x"])
 
 
 # --- split_args(): input paths beside Hydra's overrides -------------------------------------

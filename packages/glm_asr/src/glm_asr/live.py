@@ -105,6 +105,8 @@ async def session_run(ws, audio: Audio | None, rate: int, session: dict, out, o:
             sent += len(data) // 2
             if o["speed"] > 0:
                 await asyncio.sleep(max(0.0, start + sent / rate / o["speed"] - time.monotonic()))
+        if not sent:
+            raise ValueError("no audio to send: standard input was empty")
         await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))     # the end: the last speech is final
         await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))      # its reply follows every commit
     except BaseException:

@@ -153,11 +153,11 @@ def vad_options(value) -> dict:
 
 
 def extensions(value) -> list[str]:
-    """extensions=wav,mp4 or a list: the file types a folder argument takes."""
+    """extensions=[wav,mp4] (or one, extensions=wav): the file types a folder argument takes."""
     items = value.split(",") if isinstance(value, str) else list(value or [])
     out = [str(e).strip().lstrip(".").lower() for e in items if str(e).strip()]
     if not out:
-        raise ValueError("extensions must name at least one file type, e.g. extensions=wav,flac,mp4")
+        raise ValueError("extensions must name at least one file type, e.g. extensions=[wav,flac,mp4]")
     return out
 
 

@@ -19,6 +19,9 @@ from .precision import PRECISIONS
 
 _HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
                       "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+_HYDRA_FLAGS = _HYDRA_VALUE_FLAGS | {"--help", "-h", "--hydra-help", "--version", "--resolve", "--run", "-r",
+                                     "--multirun", "-m", "--shell-completion", "-sc"}
+_INFO = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}     # --info's optional value
 
 
 def config_dir(package: str) -> str:
@@ -160,11 +163,16 @@ def run_hydra(hydra_main: Callable[[], None]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    try:
+        sys.argv[1:] = hydra_argv(sys.argv[1:])
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, ValueError) as e:      # ValueError: Hydra's own flag checks
         print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
     finally:
@@ -172,6 +180,29 @@ def run_hydra(hydra_main: Callable[[], None]) -> None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = before
+
+
+def hydra_argv(args: list[str]) -> list[str]:
+    """Hydra's arguments with its flags (and their values) first: its parser takes no key=value
+    after a flag (device=cpu --cfg job prompt=x failed with a usage block). A flag Hydra does not
+    know is a ValueError of one line (--output_dir=out: options are key=value)."""
+    flags, overrides, i = [], [], 0
+    while i < len(args):
+        a = args[i]
+        name = a.split("=", 1)[0] if a.startswith("--") else a
+        if not a.startswith("-"):
+            overrides.append(a)
+        elif name not in _HYDRA_FLAGS:
+            hint = f"write {a.lstrip('-')}" if "=" in a else "see --help"
+            raise ValueError(f"unknown flag {a!r}: options are key=value ({hint})")
+        else:
+            flags.append(a)
+            takes = name in _HYDRA_VALUE_FLAGS and "=" not in a and i + 1 < len(args)
+            if takes and (name not in ("--info", "-i") or args[i + 1] in _INFO):
+                flags.append(args[i + 1])
+                i += 1
+        i += 1
+    return flags + overrides
 
 
 def hydra_message(e: Exception) -> str:
@@ -228,11 +259,11 @@ def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
             sys.exit(1)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # no second error at exit's flush
         sys.exit(141)
+    except OmegaConfBaseException as e:        # before ValueError: some are ValueErrors of several lines
+        print(f"error: {hydra_message(e)}", file=sys.stderr)
+        sys.exit(1)
     except (CheckpointError, CompilerError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except OmegaConfBaseException as e:
-        print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt as e:
         sys.exit(143 if isinstance(e, Terminated) else 130)
