@@ -134,6 +134,15 @@ def test_a_flag_before_an_option_and_an_unknown_flag(module, tmp_path):
         "error: unknown flag '--output_dir=out': options are key=value (write output_dir=out)"], r.stderr
 
 
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_help_names_the_command_and_how_options_are_given(module, tmp_path):
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120)
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines[0].startswith(f"python -m {module} ") and "is powered by Hydra" not in r.stdout
+    assert lines[-1].startswith("Options are key=value"), lines[-1]
+
+
 def test_hydra_argv_puts_flags_first():
     assert hydra_argv(["device=cpu", "--cfg", "job", "prompt=x"]) == ["--cfg", "job", "device=cpu", "prompt=x"]
     assert hydra_argv(["a=1", "--info", "b=2", "--cfg=job"]) == ["--info", "--cfg=job", "a=1", "b=2"]

@@ -172,6 +172,8 @@ def run_hydra(hydra_main: Callable[[], None]) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         hydra_main()
+    except BrokenPipeError as e:            # --help or --cfg job | head
+        _closed_pipe(e)
     except (HydraException, OmegaConfBaseException, ValueError) as e:      # ValueError: Hydra's own flag checks
         print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
@@ -230,14 +232,20 @@ def _terminate(signum, frame) -> None:
     raise Terminated()
 
 
-def _stdout_is_a_pipe() -> bool:
+def _closed_pipe(e: BrokenPipeError) -> NoReturn:
+    """The reader of standard output went away (| head): end quietly with 141, as a tool SIGPIPE
+    ends; a broken pipe elsewhere (stdout a file or terminal) is an error line."""
     import stat
 
     try:
         mode = os.fstat(sys.stdout.fileno()).st_mode
     except (OSError, ValueError, AttributeError):
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+        mode = 0
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # no second error at exit's flush
+    sys.exit(141)
 
 
 def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
@@ -254,11 +262,7 @@ def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
     try:
         code = run() or 0
     except BrokenPipeError as e:
-        if not _stdout_is_a_pipe():
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(1)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # no second error at exit's flush
-        sys.exit(141)
+        _closed_pipe(e)
     except OmegaConfBaseException as e:        # before ValueError: some are ValueErrors of several lines
         print(f"error: {hydra_message(e)}", file=sys.stderr)
         sys.exit(1)
