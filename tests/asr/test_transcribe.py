@@ -364,7 +364,7 @@ def test_with_output_dir_a_short_file_is_not_held_behind_a_long_one(tiny, audio_
 
 def test_sigterm_stops_as_ctrl_c_does(tiny, audio_dir, tmp_path):
     """SIGTERM mid-run (a batch system's stop): exit 143, no traceback, standard input's copy and
-    the scratch folder removed."""
+    the scratch folder removed, also while it waits on a pipe that sends nothing."""
     import os
     import signal
     import subprocess
@@ -374,12 +374,24 @@ def test_sigterm_stops_as_ctrl_c_does(tiny, audio_dir, tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "glm_asr.transcribe", "-", f"model.path={tiny}", "device=cpu", "vad=none"]
     with open(audio_dir / "long.flac", "rb") as stdin:
-        p = subprocess.Popen([sys.executable, "-m", "glm_asr.transcribe", "-", f"model.path={tiny}", "device=cpu",
-                              "vad=none"], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        p = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         deadline = time.monotonic() + 120
         while not list(scratch.rglob("stdin*")) and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=120)
+    assert p.returncode == 143 and b"Traceback" not in err and list(scratch.iterdir()) == [], err
+    read, write = os.pipe()                 # a producer that has sent nothing yet
+    try:
+        p = subprocess.Popen(command, stdin=read, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + 120
+        while not list(scratch.rglob("stdin*")) and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    finally:
+        os.close(read)
+        os.close(write)
     assert p.returncode == 143 and b"Traceback" not in err and list(scratch.iterdir()) == [], err

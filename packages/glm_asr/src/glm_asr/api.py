@@ -152,7 +152,14 @@ class SpeechRecognizer:
             guard = fallback_settings(temperature, compression_ratio_threshold, logprob_threshold)
         with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
             def opener(name: str):
-                return lambda: Audio(stdin_to_file(scratch) if name == "-" else name, audio_stream, name=name)
+                if name != "-":
+                    return lambda: Audio(name, audio_stream, name=name)
+                try:        # standard input copied here, in the caller's thread: Ctrl-C and SIGTERM stop it
+                    path = stdin_to_file(scratch)
+                except OSError as e:
+                    failed = e
+                    return lambda: _raise(failed)
+                return lambda: Audio(path, audio_stream, name=name)
 
             sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
@@ -166,6 +173,10 @@ class SpeechRecognizer:
                     raise result
                 else:
                     yield Transcript(name, [Segment(**s) for s in result], seconds=seconds)
+
+
+def _raise(e: BaseException):
+    raise e
 
 
 def fallback_settings(temperature, compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,

@@ -14,7 +14,9 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
 import sys
+import threading
 import time
 from typing import AsyncIterator
 
@@ -43,9 +45,13 @@ async def pieces(audio: Audio | None, rate: int) -> AsyncIterator[bytes]:
     """pcm16 bytes of PIECE_S each: an opened file's samples (read at 16 kHz; the caller closes
     it), or (None) standard input's."""
     if audio is None:
-        size = 2 * max(1, round(rate * PIECE_S))
-        while data := await asyncio.to_thread(sys.stdin.buffer.read, size):
-            yield data[: len(data) - len(data) % 2]
+        size, odd = 2 * max(1, round(rate * PIECE_S)), b""
+        while data := await stdin_read(size):
+            data = odd + data
+            cut = len(data) - len(data) % 2          # a sample split over two reads stays whole
+            data, odd = data[:cut], data[cut:]
+            if data:
+                yield data
         return
     step = round(SAMPLE_RATE * PIECE_S)
     rest = np.zeros(0, np.float32)
@@ -56,6 +62,26 @@ async def pieces(audio: Audio | None, rate: int) -> AsyncIterator[bytes]:
             rest = rest[step:]
     if len(rest):
         yield pcm16(rest)
+
+
+def stdin_read(size: int) -> asyncio.Future:
+    """Up to `size` bytes of standard input (b"" at its end), read in a daemon thread from its
+    file descriptor: a read that waits on a quiet pipe holds up neither the exit (asyncio.to_thread's
+    would, on SIGTERM) nor, holding the buffered stream's lock, the interpreter's shutdown."""
+    loop = asyncio.get_running_loop()
+    got = loop.create_future()
+
+    def read() -> None:
+        try:
+            data = os.read(sys.stdin.fileno(), size)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            failed = e
+            loop.call_soon_threadsafe(lambda: got.done() or got.set_exception(failed))
+        else:
+            loop.call_soon_threadsafe(lambda: got.done() or got.set_result(data))
+
+    threading.Thread(target=read, daemon=True).start()
+    return got
 
 
 def pcm16(x: np.ndarray) -> bytes:

@@ -46,6 +46,7 @@ from .vad.live import Feeder, LiveVad, Speech
 
 IN_FLIGHT = 8                   # a session's items in the server's queue at once; more wait in the session
 WAITING = 32                    # items waiting so; past that the session reads no more of its socket
+WAITING_BYTES = 256 << 20       # the audio of the items waiting, all sessions together (Budget)
 ROOM_WAIT_S = 600               # how long an item waits for room in a full server before it fails
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
@@ -93,14 +94,34 @@ def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
     return librosa.resample(x, orig_sr=rate, target_sr=SAMPLE_RATE).astype(np.float32)
 
 
+class Budget:
+    """The audio held by items that wait for room, all of a server's sessions together: an item
+    that would pass `limit` waits (its session reads no more of its socket) until others are under
+    way; one item alone always fits. Its lock binds to the server's event loop at first use."""
+
+    def __init__(self, limit: int = WAITING_BYTES):
+        self.limit, self.held, self.changed = limit, 0, asyncio.Condition()
+
+    async def take(self, n: int) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.held == 0 or self.held + n <= self.limit)
+            self.held += n
+
+    async def give(self, n: int) -> None:
+        async with self.changed:
+            self.held -= n
+            self.changed.notify_all()
+
+
 class Session:
     """One WebSocket's state: its settings, the audio not yet committed (push-to-talk: pcm16 as
     sent, at most max_bytes; server_vad: the live VAD's, bounded the same way)
     and the items being transcribed. vad: the server's vad_options, server_vad's defaults."""
 
     def __init__(self, send, worker, make_job, max_bytes: int, vad: VadOptions | None = None,
-                 check_context: Callable[[str], object] | None = None):
+                 check_context: Callable[[str], object] | None = None, budget: Budget | None = None):
         self.send, self.worker, self.make_job, self.max_bytes = send, worker, make_job, max_bytes
+        self.budget = budget or Budget()        # the server's, shared by its sessions
         self.check_context = check_context      # raises for a context the server refuses (too long)
         self.vad_defaults = vad or VadOptions()
         self.rate: int | None = None        # set by the session update
@@ -329,17 +350,24 @@ class Session:
             raise SessionError(str(e), param="session.input_audio_transcription.prompt") from None
         previous, self.previous = self.previous, item
         await self.send({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
+        size = (audio.samples if isinstance(audio, Cut) else audio).nbytes
         async with self.room:               # too many waiting: no more reading until some are under way
             await self.room.wait_for(lambda: self.waiting < WAITING)
             self.waiting += 1
+        try:
+            await self.budget.take(size)
+        except BaseException:
+            async with self.room:
+                self.waiting -= 1
+            raise
         self.jobs.add(job)
-        task = asyncio.ensure_future(self.transcribe(item, job))
+        task = asyncio.ensure_future(self.transcribe(item, job, size))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def enter(self, job: Job) -> None:
-        """Submit the job once the server's queue has room (waiting up to ROOM_WAIT_S for it): a
-        client that sends faster than the server transcribes (a file at full speed) waits, its
+        """Submit the job once the server's queue has room (tried every 0.1 s, up to ROOM_WAIT_S):
+        a client that sends faster than the server transcribes (a file at full speed) waits, its
         items are not refused."""
         deadline = asyncio.get_running_loop().time() + ROOM_WAIT_S
         while True:
@@ -349,20 +377,23 @@ class Session:
             except APIError as e:
                 if e.status != 503 or asyncio.get_running_loop().time() > deadline:
                     raise
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
 
-    async def transcribe(self, item: str, job: Job) -> None:
-        """The item's transcription (once fewer than IN_FLIGHT of the session's are under way),
-        its text sent as deltas as its segments are decoded, then .completed (or .failed)."""
+    async def transcribe(self, item: str, job: Job, size: int) -> None:
+        """The item's transcription (once fewer than IN_FLIGHT of the session's are under way; its
+        `size` bytes of audio held in the budget until then), its text sent as deltas as its
+        segments are decoded, then .completed (or .failed)."""
         job.future.add_done_callback(lambda _: job.emit(None))
         segments, text, used_in, used_out = [], "", 0, 0
-        under_way = False
+        under_way, held = False, size
         try:
             async with self.room:
                 await self.room.wait_for(lambda: self.in_flight < IN_FLIGHT)
                 self.in_flight, self.waiting, under_way = self.in_flight + 1, self.waiting - 1, True
                 self.room.notify_all()
             await self.enter(job)
+            held = 0
+            await self.budget.give(size)
             while (part := await job.items.get()) is not None:
                 segments.append(part[0])
                 used_in, used_out = used_in + part[1], used_out + part[2]
@@ -383,6 +414,8 @@ class Session:
                                                                       "transcription_failed", None)["error"]})
         finally:
             self.jobs.discard(job)
+            if held:
+                await self.budget.give(held)
             async with self.room:
                 if under_way:
                     self.in_flight -= 1

@@ -77,7 +77,8 @@ def _defines_only(path: str) -> bool:
             return True
         if isinstance(node, (ast.Expr, ast.Assign, ast.AnnAssign)):
             return node.value is None or isinstance(node.value, ast.Constant)
-        return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+        return (isinstance(node, ast.If) and not node.orelse     # an else: would run in every worker
+                and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"')
 
     return all(quiet(node) for node in tree.body)
 
@@ -120,6 +121,11 @@ class PendingProbs:
 
     def done(self) -> bool:
         return self.future is None or self.future.done()
+
+    def cancel(self) -> None:
+        """No longer wanted (its input dropped): a worker that has not begun it skips it."""
+        if self.future is not None:
+            self.future.cancel()
 
     def result(self) -> np.ndarray:
         if self.future is not None:
@@ -173,14 +179,18 @@ def chunk_probs(blocks: Iterable[np.ndarray], probs: Callable = PendingProbs,
             chunk, p, drop, last = pending.popleft()
             yield chunk, (p.result() if hasattr(p, "result") else p)[drop:], last
 
-    for block in blocks:
-        buf = np.concatenate([buf, block]) if len(buf) else block
-        while len(buf) > STREAM_CHUNK:      # what ends the input goes out as the last chunk
-            submit(buf[:STREAM_CHUNK], False)
-            buf = buf[STREAM_CHUNK:]
-            yield from ready()
-    submit(buf, True)
-    yield from ready()
+    try:
+        for block in blocks:
+            buf = np.concatenate([buf, block]) if len(buf) else block
+            while len(buf) > STREAM_CHUNK:      # what ends the input goes out as the last chunk
+                submit(buf[:STREAM_CHUNK], False)
+                buf = buf[STREAM_CHUNK:]
+                yield from ready()
+        submit(buf, True)
+        yield from ready()
+    finally:                                # stopped early (a dropped file): what is not begun is not done
+        for _, p, _, _ in pending:
+            getattr(p, "cancel", lambda: None)()
 
 
 def _done(p) -> bool:

@@ -186,23 +186,34 @@ def run_hydra(hydra_main: Callable[[], None]) -> None:
 
 def hydra_argv(args: list[str]) -> list[str]:
     """Hydra's arguments with its flags (and their values) first: its parser takes no key=value
-    after a flag (device=cpu --cfg job prompt=x failed with a usage block). A flag Hydra does not
-    know is a ValueError of one line (--output_dir=out: options are key=value)."""
+    after a flag (device=cpu --cfg job prompt=x failed with a usage block). The forms argparse
+    takes stay as they are (--cfg=job, -cjob, -c=job, --multi for --multirun, -- and what follows);
+    a flag Hydra does not know is a ValueError of one line (--output_dir=out: options are key=value)."""
+    longs = sorted(f for f in _HYDRA_FLAGS if f.startswith("--"))
+    shorts = [f for f in _HYDRA_FLAGS if not f.startswith("--")]
     flags, overrides, i = [], [], 0
     while i < len(args):
-        a = args[i]
-        name = a.split("=", 1)[0] if a.startswith("--") else a
-        if not a.startswith("-"):
+        a, name = args[i], args[i].split("=", 1)[0]
+        if a == "--":
+            overrides += args[i:]
+            break
+        if not a.startswith("-") or a == "-":
             overrides.append(a)
-        elif name not in _HYDRA_FLAGS:
+            i += 1
+            continue
+        if a.startswith("--"):
+            known = [f for f in longs if f == name] or [f for f in longs if f.startswith(name)]
+        else:
+            known = [f for f in shorts if f == name] or [f for f in shorts if name.startswith(f)]
+        if not known:
             hint = f"write {a.lstrip('-')}" if "=" in a else "see --help"
             raise ValueError(f"unknown flag {a!r}: options are key=value ({hint})")
-        else:
-            flags.append(a)
-            takes = name in _HYDRA_VALUE_FLAGS and "=" not in a and i + 1 < len(args)
-            if takes and (name not in ("--info", "-i") or args[i + 1] in _INFO):
-                flags.append(args[i + 1])
-                i += 1
+        flags.append(a)
+        whole = a.startswith("--") and "=" not in a or a == known[0]     # no value attached to it
+        if len(known) == 1 and known[0] in _HYDRA_VALUE_FLAGS and whole and i + 1 < len(args) \
+                and (known[0] not in ("--info", "-i") or args[i + 1] in _INFO):
+            flags.append(args[i + 1])
+            i += 1
         i += 1
     return flags + overrides
 
@@ -229,6 +240,9 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminate(signum, frame) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)       # a second SIGTERM ends it at once
     raise Terminated()
 
 
@@ -251,8 +265,9 @@ def _closed_pipe(e: BrokenPipeError) -> NoReturn:
 def exit_with_one_line_errors(run: Callable[[], int | None]) -> NoReturn:
     """Run a CLI body: expected failures become one 'error: ...' line and exit 1, never a traceback
     (a config the body cannot read, say a key deleted with ~key, too: one line, as run_hydra's).
-    SIGTERM stops it as Ctrl-C does (temporary files removed; exit 143, Ctrl-C 130); a reader that
-    closed the output pipe (| head) ends it quietly (exit 141, as a tool SIGPIPE ends)."""
+    SIGTERM stops it as Ctrl-C does (temporary files removed; exit 143, Ctrl-C 130; a second
+    SIGTERM ends it at once); a reader that closed the output pipe (| head) ends it quietly (exit
+    141, as a tool SIGPIPE ends). A server's uvicorn takes SIGTERM itself (run_server)."""
     import signal
 
     from omegaconf.errors import OmegaConfBaseException

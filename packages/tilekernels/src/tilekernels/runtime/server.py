@@ -442,7 +442,8 @@ WS_MAX_BYTES = 24 << 20     # a WebSocket message at most: OpenAI's 15 MiB appen
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_keep_alive: float = 5,
           timeout_read: float = 15) -> None:
     """Run app on uvicorn until SIGINT/SIGTERM: it stops accepting, lets the running requests
-    finish, then shuts the worker down (uvicorn re-raises the signal: exit status 0 or 143).
+    finish, then shuts the worker down (uvicorn re-raises the signal, which ends the process: the
+    CLIs' own SIGTERM handler, exit_with_one_line_errors', is set back to the default first).
     A connection idle between requests closes after timeout_keep_alive seconds; one whose
     request head takes longer than timeout_read, or whose body pauses longer, too
     (connections.py)."""
@@ -450,7 +451,11 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info", timeout_k
 
     from .connections import timed_h11
 
+    import signal
+
     freeze_heap()       # what loading and warm-up built: out of the collector's full passes
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)       # a service manager's clean stop: ended by the signal
     config = uvicorn.Config(app, host=host, port=int(port), log_level=log_level, timeout_graceful_shutdown=None,
                             http=timed_h11(timeout_read), timeout_keep_alive=timeout_keep_alive,
                             ws_max_size=WS_MAX_BYTES)
