@@ -480,3 +480,28 @@ def test_a_moved_corpus_keeps_its_output_names(tmp_path):
     assert kept_names(old, "txt", out) == ["a.txt", "b.txt"]
     assert kept_names(new, "txt", out) == ["a.txt", "b.txt"]
     assert kept_names(new + old, "txt", out) == ["a.txt", "b.txt", "a-2.txt", "b-2.txt"]   # both listed: apart
+
+
+def test_an_interrupted_run_counts_what_is_on_disk(tiny, audio_dir, tmp_path):
+    """Ctrl-C mid-run: 'stopped: N transcribed' counts the outputs the workers had written, also
+    those whose results had not come back yet (a re-run skips exactly N)."""
+    import re
+    import signal
+    import time
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(40):
+        (src / f"f{i:02d}.wav").write_bytes((audio_dir / "speech16k.wav").read_bytes())
+    out = tmp_path / "out"
+    args = [f"manifest={src}", f"output_dir={out}", f"model.path={tiny}", "device=cpu", "vad=none",
+            "max_new_tokens=8", "workers=1", "task_seconds=0"]
+    p = subprocess.Popen([sys.executable, "-m", "glm_asr.bulk", *args], stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    deadline = time.monotonic() + 240
+    while p.poll() is None and time.monotonic() < deadline and not list(out.glob("f*.txt")):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    err = p.communicate(timeout=120)[1]
+    said = re.search(r"^(stopped|done): (\d+) transcribed", err, re.M)
+    assert said and int(said.group(2)) == len(list(out.glob("f*.txt"))), err

@@ -163,7 +163,11 @@ def run(cfg, inputs: list[str] = ()) -> int:
                   + (f" at {o['scheduler']}" if o["scheduler"] else ""), file=sys.stderr)
             _transcribe_all(client, items, tasks, job, tally, errors_path, KilledWorker)
     except BaseException:
+        if cluster is not None:
+            cluster.close()                 # its workers write no more: what is on disk is what was done
         if tally.ready is not None:         # what was done survives: the summary, then the error
+            with contextlib.suppress(OSError):      # outputs written before their results came back count
+                tally.done = max(tally.done, len(set(os.listdir(out_dir)) & {it.name for it in todo}))
             print(tally.summary(out_dir, interrupted=True), file=sys.stderr)
         raise
     finally:
