@@ -708,31 +708,51 @@ def test_the_live_client_prints_in_order_past_a_failed_item(capsys):
     assert out.getvalue() == "two\n" and capsys.readouterr().err == "error: the queue is full\n"
 
 
-def test_the_realtime_budget_holds_waiting_audio_to_its_limit():
-    """The items of all sessions waiting for room hold at most the budget's bytes: one that
-    would pass it waits until others are under way; one alone always fits."""
+def test_a_realtime_sessions_items_wait_in_order_and_past_the_cap_fail():
+    """A session's items wait for a full server in commit order (IN_FLIGHT under way at most); one
+    past WAITING waiting items fails at once (queue_full), the others are transcribed; a closed
+    session leaves nothing running."""
     import asyncio
+    from types import SimpleNamespace
 
-    from glm_asr.realtime import Budget
+    from glm_asr import realtime
+    from tilekernels.runtime.server import Job, QueueFull
 
     async def run():
-        b, order = Budget(10), []
+        sent, submitted, full = [], [], [True]
 
-        async def take(name, n):
-            await b.take(n)
-            order.append(name)
+        async def send(event):
+            sent.append(event)
 
-        await take("a", 6)
-        second = asyncio.ensure_future(take("b", 6))
-        await asyncio.sleep(0.05)
-        assert order == ["a"] and b.held == 6          # b waits: 12 would pass 10
-        await b.give(6)
-        await asyncio.wait_for(second, 5)
-        await b.give(6)
-        await take("big", 50)                           # alone: fits
-        return order, b.held
+        class Worker:
+            def submit(self, job):
+                if full[0]:
+                    raise QueueFull()
+                submitted.append(job.name)
+                job.future.set_result(SimpleNamespace(text=job.name, segments=[]))
+                return job
 
-    assert asyncio.run(run()) == (["a", "b", "big"], 50)
+        def make_job(item, audio, context):
+            job = Job()
+            job.name = item
+            return job
+
+        session = realtime.Session(send, Worker, make_job, 1 << 20)
+        items = [f"item_{i:02d}" for i in range(realtime.WAITING + 1)]
+        for item in items:
+            await session.transcribe_item(item, np.zeros(1600, np.float32))
+        refused = [e["item_id"] for e in sent if e["type"].endswith("failed")]
+        full[0] = False
+        while len([e for e in sent if e["type"].endswith("completed")]) < realtime.WAITING:
+            await asyncio.sleep(0.05)
+        session.close()
+        await asyncio.sleep(0)
+        return refused, submitted, session
+
+    refused, submitted, session = asyncio.run(asyncio.wait_for(run(), 60))
+    assert refused == [f"item_{realtime.WAITING:02d}"]
+    assert submitted == [f"item_{i:02d}" for i in range(realtime.WAITING)]
+    assert not session.queued and session.in_flight == 0 and not session.tasks
 
 
 def test_asr_realtime_push_to_talk(asr_server, asr_none, tiny, tmp_path):

@@ -246,6 +246,8 @@ def expand_inputs(args: list[str], extensions=EXTENSIONS) -> tuple[list[str], li
 
 def stdin_to_file(directory: str) -> str:
     """Standard input copied to a file in `directory` (decoders seek, a pipe cannot): its path."""
+    if sys.stdin is None:
+        raise OSError("standard input is closed")
     fd, path = tempfile.mkstemp(dir=directory, prefix="stdin.")
     with os.fdopen(fd, "wb") as f:
         shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)

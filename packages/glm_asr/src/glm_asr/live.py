@@ -73,12 +73,16 @@ def stdin_read(size: int) -> asyncio.Future:
 
     def read() -> None:
         try:
+            if sys.stdin is None:
+                raise OSError("standard input is closed")
             data = os.read(sys.stdin.fileno(), size)
         except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
             failed = e
-            loop.call_soon_threadsafe(lambda: got.done() or got.set_exception(failed))
+            hand = lambda: got.done() or got.set_exception(failed)     # noqa: E731
         else:
-            loop.call_soon_threadsafe(lambda: got.done() or got.set_result(data))
+            hand = lambda: got.done() or got.set_result(data)          # noqa: E731
+        with contextlib.suppress(RuntimeError):     # the loop closed meanwhile (the client ended): no one waits
+            loop.call_soon_threadsafe(hand)
 
     threading.Thread(target=read, daemon=True).start()
     return got

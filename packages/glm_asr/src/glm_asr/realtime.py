@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import uuid
+from collections import deque
 
 import dataclasses
 from typing import Callable
@@ -45,9 +46,10 @@ from .vad import VadOptions
 from .vad.live import Feeder, LiveVad, Speech
 
 IN_FLIGHT = 8                   # a session's items in the server's queue at once; more wait in the session
-WAITING = 32                    # items waiting so; past that the session reads no more of its socket
-WAITING_BYTES = 256 << 20       # the audio of the items waiting, all sessions together (Budget)
+WAITING = 32                    # items waiting so, in commit order; past that (or WAITING_BYTES) one fails
+WAITING_BYTES = 64 << 20        # their audio at most (or the session's max_bytes, when larger)
 ROOM_WAIT_S = 600               # how long an item waits for room in a full server before it fails
+SEND_TIMEOUT_S = 30             # a client that takes no event for this long is let go (its items cancelled)
 OPENAI_RATE = 24000             # OpenAI's pcm16 rate, the default input_sample_rate
 MAX_APPEND_BYTES = 15 << 20     # an append event's audio at most (OpenAI's 15 MiB)
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -94,34 +96,14 @@ def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
     return librosa.resample(x, orig_sr=rate, target_sr=SAMPLE_RATE).astype(np.float32)
 
 
-class Budget:
-    """The audio held by items that wait for room, all of a server's sessions together: an item
-    that would pass `limit` waits (its session reads no more of its socket) until others are under
-    way; one item alone always fits. Its lock binds to the server's event loop at first use."""
-
-    def __init__(self, limit: int = WAITING_BYTES):
-        self.limit, self.held, self.changed = limit, 0, asyncio.Condition()
-
-    async def take(self, n: int) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.held == 0 or self.held + n <= self.limit)
-            self.held += n
-
-    async def give(self, n: int) -> None:
-        async with self.changed:
-            self.held -= n
-            self.changed.notify_all()
-
-
 class Session:
     """One WebSocket's state: its settings, the audio not yet committed (push-to-talk: pcm16 as
     sent, at most max_bytes; server_vad: the live VAD's, bounded the same way)
     and the items being transcribed. vad: the server's vad_options, server_vad's defaults."""
 
     def __init__(self, send, worker, make_job, max_bytes: int, vad: VadOptions | None = None,
-                 check_context: Callable[[str], object] | None = None, budget: Budget | None = None):
+                 check_context: Callable[[str], object] | None = None):
         self.send, self.worker, self.make_job, self.max_bytes = send, worker, make_job, max_bytes
-        self.budget = budget or Budget()        # the server's, shared by its sessions
         self.check_context = check_context      # raises for a context the server refuses (too long)
         self.vad_defaults = vad or VadOptions()
         self.rate: int | None = None        # set by the session update
@@ -136,8 +118,9 @@ class Session:
         self.previous: str | None = None
         self.tasks: set[asyncio.Task] = set()
         self.jobs: set[Job] = set()
-        self.room = asyncio.Condition()     # IN_FLIGHT and WAITING: a client faster than the server waits
-        self.in_flight = self.waiting = 0
+        self.room = asyncio.Condition()     # IN_FLIGHT and the waiting items: a client faster than the server
+        self.in_flight, self.queued = 0, deque()      # waits; the waiting items' (ticket, bytes), in commit order
+        self.tickets = itertools.count()
 
     def settings(self) -> dict:
         """The session as OpenAI's transcription_session events show it."""
@@ -351,17 +334,17 @@ class Session:
         previous, self.previous = self.previous, item
         await self.send({"type": "input_audio_buffer.committed", "item_id": item, "previous_item_id": previous})
         size = (audio.samples if isinstance(audio, Cut) else audio).nbytes
-        async with self.room:               # too many waiting: no more reading until some are under way
-            await self.room.wait_for(lambda: self.waiting < WAITING)
-            self.waiting += 1
-        try:
-            await self.budget.take(size)
-        except BaseException:
-            async with self.room:
-                self.waiting -= 1
-            raise
+        if len(self.queued) >= WAITING or (
+                self.queued and sum(n for _, n in self.queued) + size > max(self.max_bytes, WAITING_BYTES)):
+            await self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item,
+                             "content_index": 0, "error": error_event(
+                                 f"{WAITING} items (or {max(self.max_bytes, WAITING_BYTES) >> 20} MB of audio) of this "
+                                 "session already wait for the server: send slower", "queue_full", None)["error"]})
+            return
+        ticket = next(self.tickets)
+        self.queued.append((ticket, size))
         self.jobs.add(job)
-        task = asyncio.ensure_future(self.transcribe(item, job, size))
+        task = asyncio.ensure_future(self.transcribe(item, job, ticket))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -379,21 +362,21 @@ class Session:
                     raise
             await asyncio.sleep(0.1)
 
-    async def transcribe(self, item: str, job: Job, size: int) -> None:
-        """The item's transcription (once fewer than IN_FLIGHT of the session's are under way; its
-        `size` bytes of audio held in the budget until then), its text sent as deltas as its
-        segments are decoded, then .completed (or .failed)."""
+    async def transcribe(self, item: str, job: Job, ticket: int) -> None:
+        """The item's transcription, its turn come (the session's waiting items go in commit order,
+        IN_FLIGHT at most under way), its text sent as deltas as its segments are decoded, then
+        .completed (or .failed)."""
         job.future.add_done_callback(lambda _: job.emit(None))
         segments, text, used_in, used_out = [], "", 0, 0
-        under_way, held = False, size
+        under_way = False
         try:
             async with self.room:
-                await self.room.wait_for(lambda: self.in_flight < IN_FLIGHT)
-                self.in_flight, self.waiting, under_way = self.in_flight + 1, self.waiting - 1, True
-                self.room.notify_all()
+                await self.room.wait_for(lambda: self.queued[0][0] == ticket and self.in_flight < IN_FLIGHT)
             await self.enter(job)
-            held = 0
-            await self.budget.give(size)
+            async with self.room:
+                self.queued.popleft()
+                self.in_flight, under_way = self.in_flight + 1, True
+                self.room.notify_all()
             while (part := await job.items.get()) is not None:
                 segments.append(part[0])
                 used_in, used_out = used_in + part[1], used_out + part[2]
@@ -414,13 +397,11 @@ class Session:
                                                                       "transcription_failed", None)["error"]})
         finally:
             self.jobs.discard(job)
-            if held:
-                await self.budget.give(held)
             async with self.room:
                 if under_way:
                     self.in_flight -= 1
                 else:
-                    self.waiting -= 1
+                    self.queued = deque(q for q in self.queued if q[0] != ticket)
                 self.room.notify_all()
 
     def close(self) -> None:
@@ -447,10 +428,11 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
         async with lock:
             if open_[0]:
                 try:
-                    await ws.send_text(json.dumps({"event_id": f"event_{uuid.uuid4().hex[:22]}", **message},
-                                                  ensure_ascii=False))
-                except Exception:  # noqa: BLE001 - the socket has gone: the session ends below
+                    await asyncio.wait_for(ws.send_text(json.dumps({"event_id": f"event_{uuid.uuid4().hex[:22]}",
+                                                                    **message}, ensure_ascii=False)), SEND_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - gone, or reads nothing (timed out): its work ends
                     open_[0] = False
+                    session.close()
 
     session = make_session(send)
     await send({"type": "transcription_session.created", "session": session.settings()})
@@ -468,6 +450,8 @@ async def serve_socket(ws, api_key: str | None, make_session: Callable[[Callable
             except Exception as e:  # noqa: BLE001 - not the client's fault: said as a server error, logged
                 log.exception("realtime event failed")
                 await send(error_event(f"{type(e).__name__}: {e}", "internal_error", None, "server_error"))
+            if not open_[0]:            # a send failed or timed out: the client is let go
+                break
     finally:
         open_[0] = False
         session.close()

@@ -51,7 +51,7 @@ from .formats import render
 from .subtitles import join_text
 from .pipeline import Dropped, with_context
 from .reading import Cut
-from .realtime import Budget, Session, serve_socket
+from .realtime import Session, serve_socket
 from .transcribe import MODEL_OPTIONS, loop_guard, vad_options
 from .vad import stop_workers
 
@@ -299,12 +299,10 @@ def add_realtime(app, s: Served, api_key: str | None) -> None:
         job.guard, job.instruction = s.guard, s.instruction({"prompt": context})
         return s.counted(job, audio.seconds if isinstance(audio, Cut) else len(audio) / SAMPLE_RATE)
 
-    budget = Budget()           # the audio of items waiting for room, all sessions together
-
     @app.websocket("/v1/realtime")
     async def realtime(ws: WebSocket):
         await serve_socket(ws, api_key, lambda send: Session(send, s.worker, make_job, s.max_bytes, vad,
-                                                             lambda c: s.instruction({"prompt": c}), budget))
+                                                             lambda c: s.instruction({"prompt": c})))
 
 
 async def transcript_events(request: Request, job: Job):
