@@ -149,6 +149,10 @@ def test_hydra_argv_puts_flags_first():
     assert hydra_argv(["--info", "config", "a=1"]) == ["--info", "config", "a=1"]
     with pytest.raises(ValueError, match="unknown flag '-x'"):
         hydra_argv(["-x"])
+    assert hydra_argv(["a=1", "-cjob", "--he"]) == ["-cjob", "--he", "a=1"]
+    for sweep in ("-m", "--multirun", "--multi"):
+        with pytest.raises(ValueError, match="multirun is not supported"):
+            hydra_argv([sweep, "seed=1,2"])
 
 
 # --- split_args(): input paths beside Hydra's overrides -------------------------------------

@@ -187,8 +187,9 @@ def run_hydra(hydra_main: Callable[[], None]) -> None:
 def hydra_argv(args: list[str]) -> list[str]:
     """Hydra's arguments with its flags (and their values) first: its parser takes no key=value
     after a flag (device=cpu --cfg job prompt=x failed with a usage block). The forms argparse
-    takes stay as they are (--cfg=job, -cjob, -c=job, --multi for --multirun, -- and what follows);
-    a flag Hydra does not know is a ValueError of one line (--output_dir=out: options are key=value)."""
+    takes stay as they are (--cfg=job, -cjob, -c=job, --he for --help, -- and what follows); a flag
+    Hydra does not know, and multirun (-m), are a ValueError of one line (--output_dir=out: options
+    are key=value)."""
     longs = sorted(f for f in _HYDRA_FLAGS if f.startswith("--"))
     shorts = [f for f in _HYDRA_FLAGS if not f.startswith("--")]
     flags, overrides, i = [], [], 0
@@ -208,6 +209,8 @@ def hydra_argv(args: list[str]) -> list[str]:
         if not known:
             hint = f"write {a.lstrip('-')}" if "=" in a else "see --help"
             raise ValueError(f"unknown flag {a!r}: options are key=value ({hint})")
+        if known in (["--multirun"], ["-m"]):     # its first run's exit ended the sweep, in a multirun/ folder
+            raise ValueError(f"{a}: Hydra's multirun is not supported; run the command once a setting")
         flags.append(a)
         whole = a.startswith("--") and "=" not in a or a == known[0]     # no value attached to it
         if len(known) == 1 and known[0] in _HYDRA_VALUE_FLAGS and whole and i + 1 < len(args) \
