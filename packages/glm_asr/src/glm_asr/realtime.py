@@ -350,8 +350,8 @@ class Session:
 
     async def enter(self, job: Job) -> None:
         """Submit the job once the server's queue has room (tried every 0.1 s, up to ROOM_WAIT_S):
-        a client that sends faster than the server transcribes (a file at full speed) waits, its
-        items are not refused."""
+        the items of a client that sends faster than the server transcribes (a file at full
+        speed) wait, within WAITING and WAITING_BYTES, rather than being refused."""
         deadline = asyncio.get_running_loop().time() + ROOM_WAIT_S
         while True:
             try:
