@@ -191,6 +191,10 @@ def test_split_args_hydra_flag_with_separate_value(tmp_path, monkeypatch):
     inputs, rest = split_args(["a.wav", "--cfg", "job", "device=cpu"])
     assert inputs == ["a.wav"]
     assert rest == ["--cfg", "job", "device=cpu"]
+    # as Hydra's parser reads them (hydra_argv's rule): an abbreviation takes its value, --info only
+    # one of its choices
+    assert split_args(["--config-d", "/conf", "a.wav"]) == (["a.wav"], ["--config-d", "/conf"])
+    assert split_args(["--info", "a.wav", "-i", "config"]) == (["a.wav"], ["--info", "-i", "config"])
 
 
 # --- output_names(): one output per input, never two the same --------------------------------

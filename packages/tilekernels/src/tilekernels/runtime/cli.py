@@ -147,12 +147,11 @@ def split_args(args: list[str]) -> tuple[list[str], list[str]]:
             return inputs + args[i + 1:], rest
         if a == "-" or Path(a).exists() or ("=" not in a and not a.startswith("-")):
             inputs.append(a)
+            i += 1
         else:
-            rest.append(a)
-            if a in _HYDRA_VALUE_FLAGS and i + 1 < len(args):
-                rest.append(args[i + 1])
-                i += 1
-        i += 1
+            n = _hydra_flag(args, i)[1] if a.startswith("-") else 1
+            rest += args[i:i + n]
+            i += n
     return inputs, rest
 
 
@@ -190,11 +189,9 @@ def hydra_argv(args: list[str]) -> list[str]:
     takes stay as they are (--cfg=job, -cjob, -c=job, --he for --help, -- and what follows); a flag
     Hydra does not know, and multirun (-m), are a ValueError of one line (--output_dir=out: options
     are key=value)."""
-    longs = sorted(f for f in _HYDRA_FLAGS if f.startswith("--"))
-    shorts = [f for f in _HYDRA_FLAGS if not f.startswith("--")]
     flags, overrides, i = [], [], 0
     while i < len(args):
-        a, name = args[i], args[i].split("=", 1)[0]
+        a = args[i]
         if a == "--":
             overrides += args[i:]
             break
@@ -202,23 +199,33 @@ def hydra_argv(args: list[str]) -> list[str]:
             overrides.append(a)
             i += 1
             continue
-        if a.startswith("--"):
-            known = [f for f in longs if f == name] or [f for f in longs if f.startswith(name)]
-        else:
-            known = [f for f in shorts if f == name] or [f for f in shorts if name.startswith(f)]
+        known, n = _hydra_flag(args, i)
         if not known:
             hint = f"write {a.lstrip('-')}" if "=" in a else "see --help"
             raise ValueError(f"unknown flag {a!r}: options are key=value ({hint})")
         if known in (["--multirun"], ["-m"]):     # its first run's exit ended the sweep, in a multirun/ folder
             raise ValueError(f"{a}: Hydra's multirun is not supported; run the command once a setting")
-        flags.append(a)
-        whole = a.startswith("--") and "=" not in a or a == known[0]     # no value attached to it
-        if len(known) == 1 and known[0] in _HYDRA_VALUE_FLAGS and whole and i + 1 < len(args) \
-                and (known[0] not in ("--info", "-i") or args[i + 1] in _INFO):
-            flags.append(args[i + 1])
-            i += 1
-        i += 1
+        flags += args[i:i + n]
+        i += n
     return flags + overrides
+
+
+def _hydra_flag(args: list[str], i: int) -> tuple[list[str], int]:
+    """(the Hydra flags args[i] names: the one it spells, else those it abbreviates (--multi) or
+    begins with a value attached (-cjob); [] for none, how many arguments it spans: 2 with its
+    value apart (--cfg job), else 1). --info's value is optional: only one of its choices is it."""
+    a = args[i]
+    name = a.split("=", 1)[0]
+    if a.startswith("--"):
+        longs = sorted(f for f in _HYDRA_FLAGS if f.startswith("--"))
+        known = [f for f in longs if f == name] or [f for f in longs if f.startswith(name)]
+    else:
+        shorts = [f for f in _HYDRA_FLAGS if not f.startswith("--")]
+        known = [f for f in shorts if f == name] or [f for f in shorts if name.startswith(f)]
+    whole = a.startswith("--") and "=" not in a or bool(known) and a == known[0]     # no value attached to it
+    apart = len(known) == 1 and known[0] in _HYDRA_VALUE_FLAGS and whole and i + 1 < len(args) \
+        and (known[0] not in ("--info", "-i") or args[i + 1] in _INFO)
+    return known, 2 if apart else 1
 
 
 def hydra_message(e: Exception) -> str:
