@@ -4,8 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile as sf
 from asr_cli import cli
 
+import glm_asr
 from glm_asr.model import GlmAsr
 from glm_asr.pipeline import Transcriber
 from tilekernels.runtime import CheckpointError, load_tensors
@@ -220,7 +222,6 @@ def test_each_model_keeps_the_precision_it_was_loaded_with(tiny):
     """gpt at fp32, then GLM-ASR at bf16 and the process set to tf32: every product of gpt's
     engine and teacher-forced logits still runs at fp32 ('highest'), GLM-ASR's at bf16, and the
     process's setting is left as it was set."""
-    import glm_asr
     import gpt
     import tilekernels as tk
     from tilekernels.runtime import precision, set_precision
@@ -255,7 +256,6 @@ def test_the_loop_guard_decodes_a_looping_segment_again(tiny):
     2.4) and less on the second: with the guard the first is decoded again at rising temperatures
     until its text compresses less, the second keeps its greedy tokens; the draws are seeded by
     the segment, so the result is the same every run; temperature 0 alone is greedy only."""
-    import glm_asr
     from glm_asr.pipeline import compression_ratio
 
     asr = glm_asr.load(str(tiny), device="cpu")
@@ -278,7 +278,6 @@ def test_the_loop_guard_retries_unlikely_segments(tiny):
     """A segment whose tokens' mean log-probability is below logprob_threshold is decoded again;
     when every attempt fails, the likeliest attempt that does not loop is kept, so the kept
     segment is at least as likely as greedy's; None turns the check off."""
-    import glm_asr
 
     asr = glm_asr.load(str(tiny), device="cpu")
     clip = Path(__file__).parent / "fixtures" / "pause3s.flac"
@@ -300,7 +299,6 @@ def test_context_is_read_after_the_instruction(tiny):
     """context goes into the window's prompt after the instruction (the tokens the model reads
     change, so do its scores on the tiny model); the CLI's option is the API's; one that leaves
     no room is refused before any work."""
-    import glm_asr
     from glm_asr.api import PROMPT
     from glm_asr.pipeline import with_context
 
@@ -325,7 +323,6 @@ def test_context_is_read_after_the_instruction(tiny):
 
 def test_the_loop_guard_on_the_command_line(tiny, tmp_path):
     """temperature=[...] on the CLI gives the API's segments; bad values are one line each."""
-    import glm_asr
 
     clip = Path(__file__).parent / "fixtures" / "pause3s.flac"
     r = cli(clip, f"model.path={tiny}", "device=cpu", "max_new_tokens=40", "output_format=json",
@@ -351,7 +348,6 @@ def test_a_missing_input_is_said_before_the_model_loads(tmp_path):
 def test_with_output_dir_a_short_file_is_not_held_behind_a_long_one(tiny, audio_dir, tmp_path):
     """in_order=False (what the CLI uses with output_dir): each file comes back once it is done
     (two windows decoding at once: the short file's is done long before the long one's ten)."""
-    import glm_asr
     import soundfile as sf
 
     sf.write(tmp_path / "five.flac", np.tile(sf.read(audio_dir / "long.flac", dtype="float32")[0], 5), 16000)
@@ -393,3 +389,36 @@ def test_sigterm_stops_as_ctrl_c_does(tiny, audio_dir, tmp_path):
     finally:
         os.close(read)
         os.close(write)
+
+
+def test_inputs_a_python_user_passes(tiny, audio_dir):
+    """A file's bytes or a binary file object transcribe as the path does; a single path given to
+    transcribe_many, a list given to transcribe, channel-first samples, a text-mode file and a
+    bad setting of transcribe_many are one ASRError at the call; a non-path among many inputs is
+    that input's error, the others go on."""
+    import io
+
+    asr = glm_asr.load(str(tiny), device="cpu")
+    path = audio_dir / "speech16k.wav"
+    kw = dict(max_new_tokens=3, vad="none")
+    want = asr.transcribe(path, **kw).text
+    assert asr.transcribe(path.read_bytes(), **kw).text == want
+    with open(path, "rb") as f:
+        r = asr.transcribe(f, **kw)
+    assert r.text == want and r.source == str(path)
+    assert asr.transcribe(io.BytesIO(path.read_bytes()), **kw).text == want
+    x, rate = sf.read(path, dtype="float32", always_2d=True)
+    for call, message in [
+        (lambda: asr.transcribe_many(str(path)), "transcribe_many takes a list"),
+        (lambda: asr.transcribe([path, path]), "transcribe takes one input"),
+        (lambda: asr.transcribe(np.ascontiguousarray(x.T), sample_rate=rate), "channels first? pass samples.T"),
+        (lambda: asr.transcribe(io.StringIO("text"), **kw), "binary mode"),
+        (lambda: asr.transcribe(3, **kw), "got int"),
+        (lambda: asr.transcribe_many([path], max_new_tokens=0), "max_new_tokens"),
+    ]:
+        with pytest.raises(glm_asr.ASRError, match=message.replace("?", r"\?")):
+            call()
+    rs = list(asr.transcribe_many([path, x[:, 0], path], **kw))
+    assert [r.error for r in rs] == [None, "<ndarray>: expected a file path, got ndarray (samples go to transcribe)",
+                                     None]
+    assert rs[0].text == rs[2].text == want

@@ -193,6 +193,64 @@ def test_two_streams_read_in_turn_and_a_generate_between(ckpt):
     assert first + "".join(s) == want[0]
 
 
+def test_calls_from_several_threads_at_once_give_their_own_results(ckpt):
+    """Threads generating, streaming and scoring on one model at once share its engine (they step
+    it in turn): each gets what it gets alone."""
+    import threading
+
+    lm = LanguageModel(GPT.load(ckpt), load_tokenizer(ckpt))
+    kw = dict(max_new_tokens=24, temperature=1.0, seed=5)
+    prompts = ["To be", "the slings and arrows", "of outrageous", "fortune"]
+    def score():        # rounded: a prefill shared with other prompts may move the CPU's sums by ~1e-7
+        return [(s.token, round(s.logprob, 4)) for s in lm.score(prompts[0])[0][1:]]
+
+    want = [lm.generate(p, **kw)[0].tokens for p in prompts] + [score(), "".join(lm.stream("To be", **kw))]
+    got = [None] * len(want)
+
+    def work(i):
+        for _ in range(3):
+            if i < len(prompts):
+                got[i] = lm.generate(prompts[i], **kw)[0].tokens
+            else:
+                got[i] = score() if i == len(prompts) else "".join(lm.stream("To be", **kw))
+            if got[i] != want[i]:
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(want))]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert got == want
+
+
+def test_api_arguments_as_python_users_pass_them(ckpt):
+    """One text or one list of ids is one prompt (generate, encode, stream); stop=None is no stop;
+    wrong types are one GPTError naming the argument, and stream's is raised at the call."""
+    from gpt import GPTError
+
+    lm = LanguageModel(GPT.load(ckpt), load_tokenizer(ckpt))
+    kw = dict(max_new_tokens=6, temperature=0)
+    ids = lm.encode("To be")
+    assert ids == lm.encode(["To be"]) and len(ids) == 1
+    want = lm.generate("To be", **kw)[0]
+    assert lm.generate(ids[0], **kw)[0].tokens == lm.generate(np.array(ids[0]), **kw)[0].tokens == want.tokens
+    assert lm.generate("To be", stop=None, **kw)[0].text == "".join(lm.stream(ids[0], stop=None, **kw)) == want.text
+    for call, message in [
+        (lambda: lm.generate("To be", max_new_tokens=6.0), "max_new_tokens must be an integer"),
+        (lambda: lm.generate("To be", top_k=None), "top_k must be an integer"),
+        (lambda: lm.generate("To be", num_samples=2.0), "num_samples must be an integer"),
+        (lambda: lm.generate("To be", min_p=None), "min_p must be a number"),
+        (lambda: lm.generate("To be", logit_bias={"a": 1}), "logit_bias token id"),
+        (lambda: lm.generate("To be", stop=[1]), "stop must be a string"),
+        (lambda: lm.generate(b"To be"), "got bytes"),
+        (lambda: lm.generate([["To", 1]]), "a prompt must be text or a list of token ids"),
+        (lambda: lm.stream("To be", temperature=-1), "temperature"),
+        (lambda: lm.stream(["To be", "or not"]), "stream takes one prompt"),
+        (lambda: lm.stream("To be", max_new_tokens=10_000), "exceeds the model"),
+    ]:
+        with pytest.raises(GPTError, match=message):
+            call()
+
+
 def test_a_closed_output_pipe_ends_it_quietly():
     """python -m gpt.generate | head: the reader that went away ends it without an error line,
     exit 141 (as a tool SIGPIPE ends), not 'error: [Errno 32] Broken pipe'."""

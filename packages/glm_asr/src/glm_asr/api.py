@@ -9,10 +9,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import BinaryIO, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from tilekernels.runtime import CheckpointError, pick_device, resolve, using
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 from tilekernels.runtime.sampler import MAX_TEMPERATURE
 
-from .audio import MIN_RATE, SAMPLE_RATE, Audio, AudioError, stdin_to_file
+from .audio import MIN_RATE, SAMPLE_RATE, Audio, AudioError, copy_to_file, stdin_to_file
 from .pipeline import ENCODER_BATCH, MAX_BATCH, Fallback, Transcriber, with_context
 from .subtitles import join_text
 from .vad import VadOptions
@@ -78,11 +79,12 @@ def _one_line():
 
 def load(model: str = HUB_ID, device: str = "auto", revision: str | None = None, max_batch: int = MAX_BATCH,
          encoder_batch: int = ENCODER_BATCH, precision: str = DEFAULT_PRECISION) -> "SpeechRecognizer":
-    """GLM-ASR from a hub id (through the HF cache) or a local checkpoint directory, on device
-    'auto' (the GPU when one works), 'gpu' or 'cpu'. max_batch: the most windows decoding at
-    once; encoder_batch: windows encoded together; precision (GPU): 'bf16', 'tf32' or 'fp32'
-    (tilekernels.runtime.precision), the model's own: whatever else the process loads or sets,
-    its products run at it."""
+    """A SpeechRecognizer (transcribe, transcribe_many): GLM-ASR from a hub id (through the HF
+    cache) or a local checkpoint directory, on device 'auto' (the GPU when one works), 'gpu' or
+    'cpu'. max_batch: the most windows decoding at once; encoder_batch: windows encoded
+    together; precision (GPU): 'bf16', 'tf32' or 'fp32' (tilekernels.runtime.precision), kept
+    by this model whatever other models or settings the process has. Raises ASRError (one line)
+    for a checkpoint that cannot be found or read."""
     with _one_line(), using(precision):
         return SpeechRecognizer(Transcriber.load(resolve(str(model), revision), pick_device(device), max_batch,
                                             encoder_batch))
@@ -95,14 +97,15 @@ class SpeechRecognizer:
         self.transcriber = transcriber
         self.device = "cpu" if transcriber.model.xp is np else "gpu"
 
-    def transcribe(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *, prompt: str = PROMPT,
-                   max_new_tokens: int = 500, audio_stream: int | None = None, vad: str = "silero",
-                   vad_options: dict | VadOptions | None = None, progress=None,
+    def transcribe(self, audio: str | Path | bytes | BinaryIO | np.ndarray, sample_rate: int | None = None, *,
+                   prompt: str = PROMPT, max_new_tokens: int = 500, audio_stream: int | None = None,
+                   vad: str = "silero", vad_options: dict | VadOptions | None = None, progress=None,
                    temperature: float | Sequence[float] = 0.0,
                    compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
                    logprob_threshold: float | None = LOGPROB_THRESHOLD, context: str | None = None) -> Transcript:
-        """The transcript of a file (any format the CLI reads; '-' is standard input) or of
-        samples ((n,) or (n, channels) at sample_rate: mixed to mono, resampled to 16 kHz).
+        """The transcript of a file (a path, its bytes or a binary file object; any format the CLI
+        reads; '-' is standard input) or of samples ((n,) or (n, channels) at sample_rate: mixed
+        to mono, resampled to 16 kHz).
         vad='silero': one segment per stretch of speech, its times the speech's (silence is not
         decoded); 'none': fixed 30 s windows. vad_options: VadOptions or a dict of its fields.
         Raises ASRError for input that cannot be transcribed. progress: anything with
@@ -119,9 +122,16 @@ class SpeechRecognizer:
                                  options, guard)
             if sample_rate is not None:
                 raise ValueError("sample_rate is for samples; a file carries its own")
-            name = str(audio)
+            if isinstance(audio, (list, tuple)):
+                raise ValueError("transcribe takes one input; transcribe_many takes several")
+            in_memory = isinstance(audio, (bytes, bytearray, memoryview)) or hasattr(audio, "read")
+            if not in_memory and not isinstance(audio, (str, os.PathLike)):
+                raise ValueError(f"audio must be a path, bytes, a binary file object or samples (a numpy array), "
+                                 f"got {type(audio).__name__}")
+            name = (str(getattr(audio, "name", "<file>")) if hasattr(audio, "read") else "<bytes>") if in_memory \
+                else os.fspath(audio)
             with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
-                path = stdin_to_file(scratch) if name == "-" else name
+                path = copy_to_file(scratch, audio) if in_memory else stdin_to_file(scratch) if name == "-" else name
                 opened = Audio(path, audio_stream, name=name)
                 return self._one(name, lambda: opened, prompt, max_new_tokens, progress, options, guard)
 
@@ -139,29 +149,43 @@ class SpeechRecognizer:
                         compression_ratio_threshold: float = COMPRESSION_RATIO_THRESHOLD,
                         logprob_threshold: float | None = LOGPROB_THRESHOLD,
                         context: str | None = None, in_order: bool = True) -> Iterator[Transcript]:
-        """transcribe of each input, all through one pipeline (windows of different files decode
-        together), each yielded once it and those before it are done (in_order False: once it is
-        done, so a short file is not held behind a long one); an input that cannot be transcribed
-        yields a Transcript with .error set, and the others go on. ignore_eos: decode
-        max_new_tokens a window whatever comes (benchmarks: the same work every run). A live
-        iterable may yield None for "nothing new yet": the work in flight goes on."""
+        """transcribe of each input (a path; '-' is standard input), all through one pipeline
+        (windows of different files decode together), each yielded once it and those before it are
+        done (in_order False: once it is done, so a short file is not held behind a long one); an
+        input that cannot be transcribed yields a Transcript with .error set, and the others go
+        on. ignore_eos: decode max_new_tokens a window whatever comes (benchmarks: the same work
+        every run). A live iterable may yield None for "nothing new yet": the work in flight goes
+        on. Bad settings raise ASRError here, before the first result is asked for."""
         with _one_line():
+            if isinstance(inputs, (str, bytes, os.PathLike, np.ndarray)):
+                raise ValueError("transcribe_many takes a list (or any iterable) of paths; transcribe takes one")
             prompt = with_context(prompt, context)
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)
             guard = fallback_settings(temperature, compression_ratio_threshold, logprob_threshold)
+        return self._many(inputs, prompt, max_new_tokens, audio_stream, options, progress, ignore_eos, in_order, guard)
+
+    def _many(self, inputs, prompt, max_new_tokens, audio_stream, options, progress, ignore_eos, in_order,
+              guard) -> Iterator[Transcript]:
         with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
-            def opener(name: str):
+            def source(s):
+                if s is None:
+                    return None
+                if not isinstance(s, (str, os.PathLike)):
+                    wrong = ValueError(f"expected a file path, got {type(s).__name__}"
+                                       + (" (samples go to transcribe)" if isinstance(s, np.ndarray) else ""))
+                    return f"<{type(s).__name__}>", lambda: _raise(wrong)
+                name = os.fspath(s)
                 if name != "-":
-                    return lambda: Audio(name, audio_stream, name=name)
+                    return name, lambda: Audio(name, audio_stream, name=name)
                 try:        # standard input copied here, in the caller's thread: Ctrl-C and SIGTERM stop it
                     path = stdin_to_file(scratch)
                 except OSError as e:
                     failed = e
-                    return lambda: _raise(failed)
-                return lambda: Audio(path, audio_stream, name=name)
+                    return name, lambda: _raise(failed)
+                return name, lambda: Audio(path, audio_stream, name=name)
 
-            sources = (None if s is None else (str(s), opener(str(s))) for s in inputs)
+            sources = (source(s) for s in inputs)
             for name, result, seconds in self.transcriber.transcribe_many(sources, prompt, max_new_tokens, progress,
                                                                           options, ignore_eos, in_order,
                                                                           fallback=guard):
@@ -229,6 +253,9 @@ def _samples(x: np.ndarray, rate: int | None) -> np.ndarray:
         raise ValueError(f"sample_rate must be an integer from {MIN_RATE} to {MAX_RATE} Hz, got {rate!r}")
     if x.ndim not in (1, 2) or x.size == 0:
         raise ValueError(f"samples must be (n,) or (n, channels), got shape {x.shape}")
+    if x.ndim == 2 and x.shape[1] > x.shape[0]:
+        raise ValueError(f"samples must be (n, channels), got shape {x.shape}: more channels than samples "
+                         f"(channels first? pass samples.T)")
     if x.dtype.kind in "iu":
         x = (x.astype(np.float64) - (1 << (8 * x.itemsize - 1) if x.dtype.kind == "u" else 0)) \
             / (1 << (8 * x.itemsize - 1))

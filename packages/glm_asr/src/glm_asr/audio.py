@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -248,7 +247,18 @@ def stdin_to_file(directory: str) -> str:
     """Standard input copied to a file in `directory` (decoders seek, a pipe cannot): its path."""
     if sys.stdin is None:
         raise OSError("standard input is closed")
-    fd, path = tempfile.mkstemp(dir=directory, prefix="stdin.")
+    return copy_to_file(directory, sys.stdin.buffer, "stdin.")
+
+
+def copy_to_file(directory: str, source, prefix: str = "audio.") -> str:
+    """A binary file object or bytes copied to a file in `directory`: its path."""
+    fd, path = tempfile.mkstemp(dir=directory, prefix=prefix)
     with os.fdopen(fd, "wb") as f:
-        shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            f.write(source)
+            return path
+        while chunk := source.read(1 << 20):
+            if not isinstance(chunk, (bytes, bytearray)):
+                raise ValueError("audio file objects must be opened in binary mode ('rb')")
+            f.write(chunk)
     return path

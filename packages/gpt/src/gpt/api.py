@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from tilekernels.runtime import (MAX_BATCH, CheckpointError, Completion, Engine, Sampling, TokenLogprob,
-                                 generate, load_tokenizer, pick_device, resolve, text_pieces, using)
+                                 generate, load_tokenizer, pick_device, requests, resolve, text_pieces, using)
 from tilekernels.runtime.precision import DEFAULT as DEFAULT_PRECISION
 from tilekernels.runtime.precision import precision as current_precision
 
@@ -44,11 +44,12 @@ def _one_line():
 
 def load(model: str = "shakespeare", device: str = "auto", revision: str | None = None,
          precision: str = DEFAULT_PRECISION) -> "LanguageModel":
-    """A GPT-2-architecture model and its tokenizer: a bundled name ('shakespeare'), a hub id
-    ('gpt2', 'gpt2-medium', ...; through the HF cache) or a local checkpoint directory, on
-    device 'auto' (the GPU when one works), 'gpu' or 'cpu'. precision (GPU): 'bf16', 'tf32' or
-    'fp32' (tilekernels.runtime.precision), the model's own: whatever else the process loads or
-    sets, its products run at it."""
+    """A LanguageModel (generate, stream, score, logits): a GPT-2-architecture model and its
+    tokenizer from a bundled name ('shakespeare'), a hub id ('gpt2', 'gpt2-medium', ...; through
+    the HF cache) or a local checkpoint directory, on device 'auto' (the GPU when one works),
+    'gpu' or 'cpu'. precision (GPU): 'bf16', 'tf32' or 'fp32' (tilekernels.runtime.precision),
+    kept by this model whatever other models or settings the process has. Raises GPTError (one
+    line) for a checkpoint that cannot be found or read."""
     with _one_line():
         directory = BUNDLED[model] if model in BUNDLED else resolve(str(model), revision)
         with using(precision):
@@ -73,15 +74,16 @@ class LanguageModel:
             self._engine = Engine(self.model, max_batch, precision=self.precision)
         return self._engine
 
-    def encode(self, prompts: Sequence[str | Sequence[int]]) -> list[list[int]]:
-        """Token ids of each prompt (text, or already ids); an empty one starts from <|endoftext|>."""
+    def encode(self, prompts: str | Sequence[str | Sequence[int]]) -> list[list[int]]:
+        """Token ids of each prompt (text, or already ids; one text or one list of ids is one
+        prompt); an empty one starts from <|endoftext|>."""
         eos = self.model.config.eos_token_id
-        return [(self.tokenizer.encode(p).ids if isinstance(p, str) else [int(t) for t in p]) or [eos]
-                for p in prompts]
+        return [(self.tokenizer.encode(p).ids if isinstance(p, str) else _ids(p)) or [eos]
+                for p in _prompt_list(prompts)]
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]], max_new_tokens: int = 100,
                  temperature: float = 0.8, top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0,
-                 seed: int | None = None, num_samples: int = 1, stop: str | Sequence[str] = (),
+                 seed: int | None = None, num_samples: int = 1, stop: str | Sequence[str] | None = (),
                  max_batch: int = MAX_BATCH, logprobs: int | None = None, min_p: float = 0.0,
                  presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                  logit_bias: dict[int, float] | None = None) -> list[Completion]:
@@ -96,12 +98,18 @@ class LanguageModel:
         alternatives (runtime.TokenLogprob). min_p, presence_penalty, frequency_penalty and
         logit_bias ({token id: -100 to 100}) as OpenAI's and vLLM's."""
         with _one_line():
+            _numbers(min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+            if not isinstance(logit_bias or {}, dict):
+                raise ValueError(f"logit_bias must be a dict of token id: bias, got {type(logit_bias).__name__}")
+            for k, v in (logit_bias or {}).items():
+                _integer("logit_bias token id", k, 0)
+                _numbers(**{"logit_bias value": v})
             ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
                                           num_samples, logprobs, min_p=float(min_p),
                                           presence_penalty=float(presence_penalty),
                                           frequency_penalty=float(frequency_penalty),
                                           logit_bias=tuple((int(k), float(v)) for k, v in (logit_bias or {}).items()))
-            return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, stop, self.tokenizer,
+            return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, _stops(stop), self.tokenizer,
                             samples=num_samples)
 
     def score(self, texts: str | Sequence[str | Sequence[int]], top: int = 0,
@@ -116,13 +124,20 @@ class LanguageModel:
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 100, temperature: float = 0.8,
                top_k: int = 200, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop: str | Sequence[str] = ()) -> Iterator[str]:
+               stop: str | Sequence[str] | None = ()) -> Iterator[str]:
         """The text of one completion in pieces as it is generated (never a broken character nor
-        part of a stop string); the pieces join to generate's text for the same settings."""
+        part of a stop string); the pieces join to generate's text for the same settings. Bad
+        settings raise GPTError here, before the first piece is asked for."""
         with _one_line():
-            ids, sampling = self._request([prompt], max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
-            pieces = text_pieces(self.engine(), ids, max_new_tokens, sampling, seed, stop, self.tokenizer)
-            for _, piece in pieces:
+            if len(_prompt_list(prompt)) != 1:
+                raise ValueError("stream takes one prompt (text or token ids); generate takes several")
+            ids, sampling = self._request(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
+            self.engine().check(requests(self.engine(), ids, max_new_tokens, sampling, seed)[0])
+            return self._pieces(ids, max_new_tokens, sampling, seed, _stops(stop))
+
+    def _pieces(self, ids, max_new_tokens, sampling, seed, stop) -> Iterator[str]:
+        with _one_line():
+            for _, piece in text_pieces(self.engine(), ids, max_new_tokens, sampling, seed, stop, self.tokenizer):
                 yield piece
 
     def logits(self, ids) -> object:
@@ -145,9 +160,48 @@ class LanguageModel:
 
     def _request(self, prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty, num_samples,
                  logprobs=None, **more):
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        _integer("max_new_tokens", max_new_tokens, 1)
+        _integer("num_samples", num_samples, 1)
+        _integer("top_k", top_k, 0)
+        _numbers(temperature=temperature, top_p=top_p, repetition_penalty=repetition_penalty)
         sampling = Sampling(float(temperature), int(top_k), float(top_p), float(repetition_penalty), logprobs, **more)
         return [p for p in self.encode(prompts) for _ in range(num_samples)], sampling
+
+
+def _integer(name: str, v, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < least:
+        raise ValueError(f"{name} must be an integer >= {least}, got {v!r}")
+
+
+def _numbers(**values) -> None:
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"{name} must be a number, got {v!r}")
+
+
+def _stops(stop) -> tuple[str, ...]:
+    """stop as a tuple of strings (None: none; one string: that one)."""
+    stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(t, str) for t in stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    return tuple(stop)
+
+
+def _prompt_list(prompts) -> list:
+    """prompts as a list of prompts: one text or one sequence of token ids is one prompt."""
+    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        raise ValueError(f"prompts must be text, token ids, or a list of them, got {type(prompts).__name__}")
+    if len(prompts) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+        return [prompts]
+    return list(prompts)
+
+
+def _ids(p) -> list[int]:
+    """A prompt given as token ids, as a list of ints (ValueError for anything else)."""
+    if isinstance(p, (bytes, bytearray)) or not isinstance(p, (Sequence, np.ndarray)) or \
+            not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+        raise ValueError(f"a prompt must be text or a list of token ids, got {type(p).__name__}"
+                         + (f" of {type(p[0]).__name__}" if isinstance(p, (list, tuple)) and p else ""))
+    return [int(t) for t in p]

@@ -33,7 +33,7 @@ def resolve(model: str, revision: str | None = None, patterns: tuple[str, ...] =
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{model}: is a file; model.path must be a checkpoint directory")
+        raise CheckpointError(f"{model}: is a file, not a checkpoint directory")
     if model.startswith((".", "/", "~")):
         raise CheckpointError(f"{model}: no such directory")
     from huggingface_hub import snapshot_download
@@ -47,7 +47,7 @@ def resolve(model: str, revision: str | None = None, patterns: tuple[str, ...] =
         raise CheckpointError(f"{model}: not a directory and not a valid hub id") from None
     except Exception as e:  # offline, unreachable, unknown repo, gated: all end the same way
         raise CheckpointError(f"{model}: not in the local cache and the hub is unreachable or refused "
-                              f"({type(e).__name__}); use model.path=DIR") from None
+                              f"({type(e).__name__}); give a local checkpoint directory") from None
 
 
 def from_model_config(model_cfg) -> Path:

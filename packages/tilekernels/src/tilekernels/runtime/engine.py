@@ -13,6 +13,8 @@ replay already queued is folded in, and the same step admits and starts the next
 """
 from __future__ import annotations
 
+import threading
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,7 +66,8 @@ class Engine:
     (memory: max_batch x capacity x the model's keys and values a position); kv_dtype: the
     cache's, float32 or bfloat16 (half the bytes a decode step reads); None: the precision's
     (precision.kv_dtype). precision: what every step runs at (bf16, tf32, fp32; None: the
-    current one), the model's whatever else the process loads."""
+    current one), the model's whatever else the process loads. Not thread-safe: callers in several
+    threads hold `lock` around add, step and cancel (generation.run does)."""
 
     def __init__(self, model: DecoderModel, max_batch: int = MAX_BATCH, capacity: int | None = None,
                  prefill_tokens: int = PREFILL_TOKENS, kv_dtype=None, precision: str | None = None):
@@ -82,6 +85,7 @@ class Engine:
         self.flow: Pipelined | None = None  # the decode under way (runner.decode)
         self.flow_rows: dict = {}           # slot -> request, the rows it decodes
         self.flow_left = 0                  # steps it has still to hand out
+        self.lock = threading.Lock()        # held by whoever drives the engine from several threads
 
     def add(self, *requests: Request) -> None:
         """Queue requests, all or none: one that can never run raises ValueError here, before any

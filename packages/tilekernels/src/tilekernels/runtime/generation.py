@@ -56,30 +56,37 @@ def run(engine: Engine, reqs: list[Request]) -> Iterator[tuple[int, str]]:
     """Add the requests (all checked first: a bad one refuses the call before any work) and step
     the engine until they are done: (request tag, piece) as they come. Stopping the iteration
     cancels what has not finished. Several runs may be open on one engine at once (two
-    streams read in turn): a step's pieces go to their requests (Request.unread) before any is
-    handed out, and each run hands out its own, in order, whichever run stepped."""
+    streams read in turn, or calls from several threads, which take engine.lock to step): a
+    step's pieces go to their requests (Request.unread) before any is handed out, and each run
+    hands out its own, in order, whichever run stepped."""
     if not reqs:
         return
     for r in reqs:
         r.unread = []
-    engine.add(*reqs)
+    with engine.lock:       # runs in several threads step one engine in turn, each taking its own pieces
+        engine.add(*reqs)
     try:
         while True:
-            done = all(r.finished for r in reqs)        # first: what another run adds meanwhile is drained
-            for r in reqs:
-                if r.error is not None:
-                    raise r.error
-                pieces, r.unread = r.unread, []
-                yield from ((r.tag, p) for p in pieces)
+            with engine.lock:
+                done = all(r.finished for r in reqs)        # first: what another run adds meanwhile is drained
+                taken = []
+                for r in reqs:
+                    if r.error is not None:
+                        raise r.error
+                    taken += [(r.tag, p) for p in r.unread]
+                    r.unread = []
+            yield from taken
             if done:
                 break
-            for e in engine.step():
-                if e.request.unread is not None and e.piece:
-                    e.request.unread.append(e.piece)
+            with engine.lock:
+                for e in engine.step():
+                    if e.request.unread is not None and e.piece:
+                        e.request.unread.append(e.piece)
     finally:
-        for r in reqs:
-            if not r.finished:
-                engine.cancel(r)
+        with engine.lock:
+            for r in reqs:
+                if not r.finished:
+                    engine.cancel(r)
 
 
 def warm_up(engine: Engine, samplings: Sequence[Sampling] = (GREEDY,), prompt_tokens: int = 16) -> None:
