@@ -9,6 +9,7 @@ import soundfile as sf
 
 from glm_asr.vad import (FRAME, LiveVad, Speech, VadOptions, block_frames, segments_from_probs, speech_probs,
                          speech_regions)
+from glm_asr.vad.segments import speech_groups
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -43,9 +44,16 @@ def test_the_files_segments_as_each_turns_final(stream, options):
     assert [e.segment for _, e in speech] == whole and len(whole) >= 3
     pad = options.speech_pad_ms * 16
     wait = max(options.min_silence_duration_ms * 16, 2 * pad) + 2 * FRAME + 16000   # + a piece fed at once
+    # a group's padded audio reaches to the next group's when they are closer than 2 x pad: the
+    # segment is final once the last group of such a run of groups has ended
+    groups = [(g[0][0] * FRAME, g[-1][1] * FRAME) for g in speech_groups(speech_regions(speech_probs(x), options),
+                                                                         options)]
+    run_ends = [e for (_, e), nxt in zip(groups, groups[1:] + [(np.inf, 0)]) if nxt[0] - e >= 2 * pad]
     for at, e in speech:
         np.testing.assert_array_equal(e.audio, x[e.segment.audio_start:e.segment.audio_end])
-        assert at <= max(e.segment.end + wait, len(x) - 48000) or at == len(x)     # final soon after its end
+        end = min(g for g in run_ends if g >= e.segment.end - pad - FRAME)
+        assert at <= end + wait or (at == len(x) and end + wait > len(x))     # final soon after its run ends
+    assert sum(at < len(x) for at, _ in speech) >= len(speech) - 2           # not all held for the end
     # each segment follows its group's "started"; a dropped group's start is followed by "dropped"
     open_, last = None, -1
     for _, e in events:

@@ -70,6 +70,7 @@ def test_a_host_array_is_one_clear_error(call, name):
                             "on the GPU and numpy arrays on the reference")
 
 
+@pytest.mark.gpu        # where torch is installed (CI has none)
 def test_a_cpu_torch_tensor_is_one_clear_error():
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match=r"^x: a torch tensor on cpu; tilekernels runs CUDA arrays"):
