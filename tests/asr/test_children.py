@@ -3,6 +3,7 @@ tilekernels.runtime.parent.watch_parent, the VAD's worker pool (and multiprocess
 tracker with it) and a bulk run's local Dask workers. Real processes, walked through /proc."""
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -141,6 +142,58 @@ def test_bulk_workers_end_with_a_killed_client(tiny, audio_dir, tmp_path):
         assert_killing_ends_them(proc, procs)
     finally:
         stop(proc, procs)
+
+
+# ------------------------------------------------------------------ Ctrl-C in a terminal
+def ctrl_c(command: list[str], ready, tmp_path: Path) -> tuple[int, str, dict[int, int], list[str]]:
+    """command run as a terminal's foreground job (a process group of its own, a TMPDIR of its own)
+    and Ctrl-C sent to the whole group once ready(pid, stderr so far): its exit status, stderr,
+    the processes it had started by then and what it left in TMPDIR."""
+    log, scratch = tmp_path / "stderr.txt", tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
+    with open(log, "w") as err:
+        proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+    procs = {}
+    try:
+        deadline = time.monotonic() + 180
+        while not ready(proc.pid, log.read_text()) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()
+        procs = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+        left = gone_within(procs, GONE_S)
+        assert not left, {p: cmdline(p) for p in left}
+        return proc.returncode, log.read_text(), procs, sorted(p.name for p in scratch.iterdir())
+    finally:
+        stop(proc, procs)
+
+
+def test_ctrl_c_stops_transcribe_and_its_vad_workers_quietly(tiny, audio_dir, tmp_path):
+    """Ctrl-C reaches the VAD's worker processes too, while they start: exit 130, nothing on stderr
+    (a worker printed its KeyboardInterrupt's traceback), no process or scratch file left."""
+    command = [sys.executable, "-m", "glm_asr.transcribe", *[str(audio_dir / "long.flac")] * 6, f"model.path={tiny}",
+               "device=cpu", f"output_dir={tmp_path / 'out'}"]
+    code, err, procs, left = ctrl_c(command, lambda pid, _: len(descendants(pid)) >= 2, tmp_path)
+    assert code == 130 and err == "" and left == [] and len(procs) >= 2, (err[-2000:], left)
+
+
+def test_ctrl_c_stops_a_bulk_run_and_its_workers_cleanly(tiny, audio_dir, tmp_path):
+    """Ctrl-C while a bulk run's worker transcribes: the run says what it did and exits 130, its
+    workers close as at a run's end (no traceback, no leaked semaphores, no scratch folder but
+    Dask's own)."""
+    manifest = tmp_path / "manifest.txt"
+    manifest.write_text(f"{audio_dir / 'long.flac'}\n" * 100)
+    command = [sys.executable, "-m", "glm_asr.bulk", f"manifest={manifest}", f"output_dir={tmp_path / 'out'}",
+               f"model.path={tiny}", "device=cpu", "workers=1", "max_new_tokens=8", "output_format=json"]
+    def working(pid, err):      # the run has begun: `dask spec`, its Nanny's worker process are up
+        return "\nbulk: " in "\n" + err and any(d for s in descendants(pid) if "--spec" in cmdline(s)
+                                                for d in descendants(s) if "resource_tracker" not in cmdline(d))
+
+    code, err, procs, left = ctrl_c(command, working, tmp_path)
+    assert code == 130 and "stopped: " in err and "Traceback" not in err and "leaked" not in err, err[-2000:]
+    assert left in ([], ["dask-scratch-space"]), left
 
 
 # ------------------------------------------------------------------ a user's script

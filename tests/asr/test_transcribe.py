@@ -12,6 +12,8 @@ from glm_asr.model import GlmAsr
 from glm_asr.pipeline import Transcriber
 from tilekernels.runtime import CheckpointError, load_tensors
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
 
 def test_prompt_construction(tiny):
     asr = Transcriber.load(tiny, "cpu")
@@ -422,3 +424,31 @@ def test_inputs_a_python_user_passes(tiny, audio_dir):
     assert [r.error for r in rs] == [None, "<ndarray>: expected a file path, got ndarray (samples go to transcribe)",
                                      None]
     assert rs[0].text == rs[2].text == want
+
+
+def test_calls_from_several_threads_take_turns(tiny):
+    """Threads transcribing on one model at once each get their own transcript (they take turns
+    with the engine); an unfinished transcribe_many of the same thread makes another call an
+    error until it is closed."""
+    import threading
+
+    asr = glm_asr.load(str(tiny), device="cpu")
+    files = [str(FIXTURES / f) for f in ("one.flac", "pause3s.flac", "pause05.flac")]
+    want = [asr.transcribe(f, max_new_tokens=12).text for f in files]
+    got = [None] * len(files)
+    start = threading.Barrier(len(files))
+
+    def work(i):
+        start.wait()
+        got[i] = asr.transcribe(files[i], max_new_tokens=12).text
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(files))]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert got == want
+    many = asr.transcribe_many(files, max_new_tokens=12)
+    assert next(many).text == want[0]
+    with pytest.raises(RuntimeError, match="unfinished: read it to the end or close"):
+        asr.transcribe(files[1], max_new_tokens=12)
+    many.close()
+    assert asr.transcribe(files[1], max_new_tokens=12).text == want[1] and not asr.transcriber.engine.busy

@@ -167,7 +167,9 @@ class SpeechRecognizer:
 
     def _many(self, inputs, prompt, max_new_tokens, audio_stream, options, progress, ignore_eos, in_order,
               guard) -> Iterator[Transcript]:
-        with tempfile.TemporaryDirectory(prefix="glm_asr.") as scratch:
+        with contextlib.ExitStack() as stack:
+            scratch: list[str] = []         # made for standard input's copy only
+
             def source(s):
                 if s is None:
                     return None
@@ -179,7 +181,8 @@ class SpeechRecognizer:
                 if name != "-":
                     return name, lambda: Audio(name, audio_stream, name=name)
                 try:        # standard input copied here, in the caller's thread: Ctrl-C and SIGTERM stop it
-                    path = stdin_to_file(scratch)
+                    scratch[:] = scratch or [stack.enter_context(tempfile.TemporaryDirectory(prefix="glm_asr."))]
+                    path = stdin_to_file(scratch[0])
                 except OSError as e:
                     failed = e
                     return name, lambda: _raise(failed)

@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,6 +175,7 @@ class Transcriber:
         self.encoder_batch = encoder_batch
         self._vad_stream = None
         self._encoded = None        # the event of the last encoder pass queued (GPU)
+        self._busy, self._owner = threading.Lock(), None      # _turn: one call drives the engine
         pad = self.tok.token_to_id("<|pad|>")
         for name in ("<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"):
             if self.tok.token_to_id(name) is None:
@@ -187,21 +190,39 @@ class Transcriber:
         """The checkpoint and tokenizer in directory, on device 'gpu' or 'cpu'."""
         return cls(GlmAsr.load(directory, device), load_tokenizer(directory), max_batch, encoder_batch)
 
+    @contextlib.contextmanager
+    def _turn(self):
+        """One call at a time drives the engine (every request in it and every result is that
+        call's): another thread's call waits for its turn; an unfinished transcribe_many of this
+        same thread is an error, as it would wait for itself."""
+        if not self._busy.acquire(blocking=False):
+            if self._owner == threading.get_ident():
+                raise RuntimeError("this model's last transcribe_many in this thread is unfinished: read it to "
+                                   "the end or close() it first")
+            self._busy.acquire()
+        self._owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._owner = None
+            self._busy.release()
+
     def warm_up(self, instruction: str) -> None:
         """Build before any request what a server's first requests would otherwise wait for (on the
         GPU: kernels compiled, graphs captured): the engine's greedy decode steps at every batch
         size, then the encoder, prefill and first decode steps of a group of each size from 1 to
         encoder_batch windows (after the engine's, whose prompts may regrow the prefill's staging), and
         the VAD's kernels."""
-        warm_up(self.engine, (SCORED,))
-        if self.model.xp is not np:
-            self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
-        window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)], self.model.config.encoder.num_mel_bins,
-                                     None))
-        for n in range(1, self.encoder_batch + 1):
-            self._encode([(0, i, window) for i in range(n)], [_File("warm-up")], instruction, 2, True)
-            while self.engine.busy:
-                self.engine.step()
+        with self._turn():
+            warm_up(self.engine, (SCORED,))
+            if self.model.xp is not np:
+                self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
+            window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)],
+                                         self.model.config.encoder.num_mel_bins, None))
+            for n in range(1, self.encoder_batch + 1):
+                self._encode([(0, i, window) for i in range(n)], [_File("warm-up")], instruction, 2, True)
+                while self.engine.busy:
+                    self.engine.step()
 
     def prompt_ids(self, n_audio: int, instruction: str) -> list[int]:
         text = (f"<|user|>\n<|begin_of_audio|>{'<|pad|>' * n_audio}<|end_of_audio|><|user|>\n"
@@ -230,6 +251,12 @@ class Transcriber:
         each segment of a source given as (name, open, True), as soon as it and those before it
         are decoded (a stream's text). fallback: the loop guard (None: greedy only); a source
         (name, open, show, fallback, instruction) brings its own of either."""
+        with self._turn():
+            yield from self._transcribe_many(sources, instruction, max_new_tokens, progress, vad, ignore_eos, in_order,
+                                             dropped, partial, fallback)
+
+    def _transcribe_many(self, sources, instruction, max_new_tokens, progress, vad, ignore_eos, in_order, dropped,
+                         partial, fallback):
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()

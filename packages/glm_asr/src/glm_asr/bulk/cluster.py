@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections import deque
@@ -95,7 +97,7 @@ def _worker_process():
 
     class WorkerProcess(Subprocess):
         def __init__(self, scheduler: str, name: str, env: dict):
-            self.scheduler, self.name, self.env = scheduler, name, env
+            self.scheduler, self.name, self.env, self.scratch = scheduler, name, env, None
             super().__init__()
 
         async def _start(self) -> None:
@@ -104,9 +106,15 @@ def _worker_process():
             env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "critical",     # bulk says what failed
                    # the statistical profiler (the dashboard's) samples every thread's stack 100 times a second
                    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False", **self.env}
+            if not env.get("CUDA_TILE_TEMP_DIR"):
+                # cuda.tile's scratch folder, which it removes at exit, here where close() removes it
+                # too: a worker stopped mid-task (Ctrl-C) ends without its exit handlers
+                self.scratch = env["CUDA_TILE_TEMP_DIR"] = tempfile.mkdtemp(prefix="glm_asr-bulk-worker.")
+            # a session of its own: a terminal's Ctrl-C reaches the bulk command alone, which closes
+            # its workers (close) as at the end of a run
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "glm_asr.dask_worker", str(os.getpid()), self.scheduler,
-                "--spec", json.dumps(spec), env=env)
+                "--spec", json.dumps(spec), env=env, start_new_session=True)
 
         async def close(self) -> None:
             """SIGTERM first: `dask spec` closes its Nanny and worker, whose connections then end
@@ -117,6 +125,8 @@ def _worker_process():
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.process.wait(), 10)
             await super().close()
+            if self.scratch is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
 
     return WorkerProcess
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -34,16 +35,28 @@ def _pool() -> tuple[int, object, int]:
             if not multiprocessing.current_process().daemon and spawn_runs_no_program():
                 from concurrent.futures import ProcessPoolExecutor
 
-                from tilekernels.runtime.parent import watch_parent
-
-                # each worker exits with this process, however it ends (SIGKILL too)
+                # each worker exits with this process, however it ends (SIGKILL too); it starts with
+                # Ctrl-C blocked (a terminal sends it to the whole process group, a worker still
+                # importing too: the parent stops its workers)
                 pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=watch_parent, initargs=(os.getpid(),))
-                for _ in range(n):      # spawned one a submit: start them all now, each loading the weights
-                    pool.submit(speech_probs, np.zeros(FRAME, np.float32))
+                                           initializer=_worker_start, initargs=(os.getpid(),))
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    for _ in range(n):      # spawned one a submit: start them all now, each loading the weights
+                        pool.submit(speech_probs, np.zeros(FRAME, np.float32))
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 atexit.register(stop_workers)   # before the interpreter tears down what the pool's threads use
             _POOL = (os.getpid(), pool, max(1, _cpus() // n))
         return _POOL
+
+
+def _worker_start(parent: int) -> None:
+    """A VAD worker ignores Ctrl-C (see _pool) and exits with its parent, however that ends."""
+    from tilekernels.runtime.parent import watch_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent(parent)
 
 
 def spawn_runs_no_program() -> bool:
