@@ -170,21 +170,34 @@ def ctrl_c(command: list[str], ready, tmp_path: Path) -> tuple[int, str, dict[in
         stop(proc, procs)
 
 
-def test_ctrl_c_stops_transcribe_and_its_vad_workers_quietly(tiny, audio_dir, tmp_path):
+def speech(tmp_path: Path, minutes: float) -> str:
+    """A FLAC of the speech fixtures (sentences and pauses) over and over: work that outlasts the test."""
+    import numpy as np
+    import soundfile as sf
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    x = np.concatenate([sf.read(fixtures / f, dtype="float32")[0] for f in ("pause3s.flac", "one.flac",
+                                                                            "pause05.flac")])
+    path = tmp_path / "speech.flac"
+    sf.write(path, np.tile(x, int(minutes * 60 * 16000 / len(x)) + 1), 16000)
+    return str(path)
+
+
+def test_ctrl_c_stops_transcribe_and_its_vad_workers_quietly(tiny, tmp_path):
     """Ctrl-C reaches the VAD's worker processes too, while they start: exit 130, nothing on stderr
     (a worker printed its KeyboardInterrupt's traceback), no process or scratch file left."""
-    command = [sys.executable, "-m", "glm_asr.transcribe", *[str(audio_dir / "long.flac")] * 6, f"model.path={tiny}",
+    command = [sys.executable, "-m", "glm_asr.transcribe", *[speech(tmp_path, 5)] * 3, f"model.path={tiny}",
                "device=cpu", f"output_dir={tmp_path / 'out'}"]
     code, err, procs, left = ctrl_c(command, lambda pid, _: len(descendants(pid)) >= 2, tmp_path)
     assert code == 130 and err == "" and left == [] and len(procs) >= 2, (err[-2000:], left)
 
 
-def test_ctrl_c_stops_a_bulk_run_and_its_workers_cleanly(tiny, audio_dir, tmp_path):
+def test_ctrl_c_stops_a_bulk_run_and_its_workers_cleanly(tiny, tmp_path):
     """Ctrl-C while a bulk run's worker transcribes: the run says what it did and exits 130, its
     workers close as at a run's end (no traceback, no leaked semaphores, no scratch folder but
     Dask's own)."""
     manifest = tmp_path / "manifest.txt"
-    manifest.write_text(f"{audio_dir / 'long.flac'}\n" * 100)
+    manifest.write_text(f"{speech(tmp_path, 5)}\n" * 20)
     command = [sys.executable, "-m", "glm_asr.bulk", f"manifest={manifest}", f"output_dir={tmp_path / 'out'}",
                f"model.path={tiny}", "device=cpu", "workers=1", "max_new_tokens=8", "output_format=json"]
     def working(pid, err):      # the run has begun: `dask spec`, its Nanny's worker process are up

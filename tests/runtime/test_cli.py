@@ -242,18 +242,24 @@ def test_render_json_line_is_one_json_line():
     assert pretty.count("\n") > 1 and json.loads(pretty) == doc
 
 
-def test_render_cues_of_fixed_windows_hold_one_line_each():
-    """vad=none's windows as srt/vtt cues: a segment's text on one line (a blank line would end
-    the cue), '-->' written '->', no cue for a window without text; the text is the API's
-    (Transcript.text's CJK-aware join)."""
+def test_render_cues_of_fixed_windows():
+    """vad=none's windows as srt/vtt cues: as long as the window when its text fits one cue, a
+    long text cut into cues of at most 2 lines of 42 columns over the window; '-->' written '->',
+    vtt's <, > and & escaped, no cue for a window without text, a line of txt even for no text;
+    the text is the API's (Transcript.text's CJK-aware join)."""
     segments = SEGMENTS + [{"start": 31.5, "end": 40.0, "text": "  "},
                            {"start": 40.0, "end": 41.0, "text": "a --> b\n\nc"}]
-    assert render("srt", "x", segments) == ("1\n00:00:00,000 --> 00:00:30,000\nhello there\n\n"
-                                            "2\n00:00:30,000 --> 00:00:31,500\n東京\n\n"
-                                            "3\n00:00:40,000 --> 00:00:41,000\na -> b c\n\n")
-    assert render("vtt", "x", segments).count(" --> ") == 3
+    assert render("srt", "x", segments, windows=True) == ("1\n00:00:00,000 --> 00:00:30,000\nhello there\n\n"
+                                                          "2\n00:00:30,000 --> 00:00:31,500\n東京\n\n"
+                                                          "3\n00:00:40,000 --> 00:00:41,000\na -> b c\n\n")
+    assert render("vtt", "x", segments, windows=True).endswith("00:00:40.000 --> 00:00:41.000\na -&gt; b c\n\n")
+    assert "Tom &amp; Jerry &lt;b&gt;" in render("vtt", "x", [{"start": 0, "end": 1, "text": "Tom & Jerry <b>"}])
+    long = [{"start": 0.0, "end": 30.0, "text": " ".join(["word"] * 90)}]
+    srt = render("srt", "x", long, windows=True).split("\n\n")[:-1]
+    assert len(srt) >= 5 and srt[-1].split("\n")[1].endswith("--> 00:00:30,000")
+    assert all(len(cue.split("\n")) <= 4 and max(len(line) for line in cue.split("\n")[2:]) <= 42 for cue in srt)
     cjk = [{"start": 0, "end": 1, "text": "今天"}, {"start": 1, "end": 2, "text": "很好"}]
-    assert render("txt", "x", cjk) == "今天很好\n"
+    assert render("txt", "x", cjk) == "今天很好\n" and render("txt", "x", []) == "\n"
 
 
 def _leftovers(d: Path) -> list[str]:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
+import math
 import os
+from collections import Counter
+from functools import partial
 import tempfile
 from pathlib import Path
 
-from .subtitles import cue_text, cues, join_text
+from .subtitles import MAX_DURATION_S, cues, join_text
 
 FORMATS = ("txt", "json", "srt", "vtt")
 UMASK = os.umask(0o022)     # the process's, read once here (reading it sets it: not from threads)
@@ -22,27 +24,32 @@ def _stamp(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, readable: bool = False) -> str:
+def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, windows: bool = False) -> str:
     """One file's transcript in fmt; json_line: its JSON on one line (JSON Lines, several files on
-    one stream). The text is the segments' joined with CJK-aware spacing (Transcript.text's); srt
-    and vtt cues hold a segment's text on one line (subtitles.cue_text; none for no text), or with
-    readable (speech segments from VAD) at most 2 lines of 42 characters and 7 s (subtitles.cues),
-    and an empty file is empty."""
+    one stream). The text is the segments' joined with CJK-aware spacing (Transcript.text's), a
+    line of its own even when empty (several files' lines stay in step on one stream); srt and vtt
+    cues hold at most 2 lines of 42 characters for 7 s (subtitles.cues; vtt's text escaped), or
+    with windows (vad none's fixed windows: where in one the words fall is not known) as long as
+    the window; a transcript with no text has none."""
     text = join_text(segments)
+    cut = partial(cues, max_duration=math.inf if windows else MAX_DURATION_S)
     if fmt == "txt":
-        return text + "\n" if text or not readable else ""
+        return text + "\n"
     if fmt == "json":
         return json.dumps({"file": source, "text": text, "segments": segments}, ensure_ascii=False,
                           indent=None if json_line else 2) + "\n"
-    segments = cues(segments) if readable else [{**s, "text": cue_text(s["text"])} for s in segments
-                                                if cue_text(s["text"])]
     if fmt == "srt":
         return "".join(f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n\n"
-                       for i, s in enumerate(segments, 1))
+                       for i, s in enumerate(cut(segments), 1))
     if fmt == "vtt":
-        return "WEBVTT\n\n" + "".join(f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n\n"
-                                      for s in segments)
+        return "WEBVTT\n\n" + "".join(f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n"
+                                      f"{_vtt(s['text'].strip())}\n\n" for s in cut(segments))
     raise ValueError(f"output_format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _vtt(text: str) -> str:
+    """Cue text as WebVTT reads it: &, < and > escaped (else read as markup)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def output_names(paths: list[str], fmt: str) -> list[str]:

@@ -285,7 +285,7 @@ def add_transcriptions(app, s: Served) -> None:
             return error_response(499, "the client went away")
         except ASRError as e:
             raise APIError(400, str(e), "file", "invalid_audio") from None
-        return respond(r, fmt, o["vad"] == "silero", seconds, fields.get("language"))
+        return respond(r, fmt, seconds, fields.get("language"), o["vad"] == "none")
 
 
 def add_realtime(app, s: Served, api_key: str | None) -> None:
@@ -362,9 +362,8 @@ def _verbose_segment(i: int, s: dict) -> dict:
     return out
 
 
-def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, language: str | None):
-    """The response in an OpenAI response_format; the text as the CLI writes it (txt without its
-    final newline; srt and vtt as the CLI's files)."""
+def respond(r: Transcript, fmt: str, seconds: float | None, language: str | None, windows: bool):
+    """The response in an OpenAI response_format; text, srt and vtt as the CLI's files."""
     segments = [asdict(s) for s in r.segments]
     text = r.text
     if fmt == "json":
@@ -374,7 +373,7 @@ def respond(r: Transcript, fmt: str, readable: bool, seconds: float | None, lang
         return JSONResponse({"task": "transcribe", "language": language or "unknown",
                              "duration": float(seconds if seconds is not None else end), "text": text,
                              "segments": [_verbose_segment(i, s) for i, s in enumerate(segments)]})
-    body = render("txt" if fmt == "text" else fmt, r.source, segments, readable=readable)
+    body = render("txt" if fmt == "text" else fmt, r.source, segments, windows=windows)
     return PlainTextResponse(body, media_type=CONTENT_TYPES[fmt])
 
 

@@ -59,11 +59,11 @@ def run(cfg: DictConfig, args: list[str]) -> int:
     if out_dir:
         check_output_dir(out_dir)
     names = output_names(files, fmt)
-    readable = o["vad"] == "silero"
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
+    windows = o["vad"] == "none"                      # fixed 30 s windows, not speech segments
     guard = loop_guard(cfg, o)
     device = pick_device(o["device"])
-    if readable and device == "cpu":
+    if o["vad"] == "silero" and device == "cpu":
         start_workers()                               # the VAD's processes start while the model loads
     asr = load(str(from_model_config(cfg.model)), device, max_batch=o["max_batch"], encoder_batch=o["encoder_batch"],
                precision=o["precision"])
@@ -88,14 +88,13 @@ def run(cfg: DictConfig, args: list[str]) -> int:
             doc = r.to_dict()
             if out_dir:
                 try:
-                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"], readable=readable))
+                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"], windows=windows))
                 except OSError as e:
                     print(f"error: {e}", file=sys.stderr)
                     failed += 1
                     continue
             else:       # several JSON documents on one stream: JSON Lines
-                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1,
-                                        readable=readable))
+                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1, windows=windows))
                 sys.stdout.flush()
             done, seconds = done + 1, seconds + r.seconds
             mark("first file written")

@@ -232,7 +232,7 @@ def _write(job: dict, out_dir: Path, source: str, path: str, name: str, r: dict,
     """Write a transcript as the command line renders it (its error in r if that fails)."""
     try:
         write_atomic(out_dir / name, render(job["output_format"], source, t.to_dict()["segments"],
-                                            readable=job["vad"] == "silero"))
+                                            windows=job["vad"] == "none"))
     except OSError as e:
         r["error"] = _reason(e, path, source)
 
