@@ -115,14 +115,17 @@ def random_glm_asr_checkpoint(directory: str, weights: str):
 
 
 def word_tokenizer(directory: Path, cfg) -> None:
-    """tokenizer.json: GLM-ASR's special tokens at the config's ids and some words, so the
-    pipeline's prompts encode as on the hub (the decoded text of random weights is noise)."""
+    """tokenizer.json: GLM-ASR's special tokens at the config's ids, the prompt's words, and a
+    word for every other id, so the pipeline's prompts encode as on the hub and whatever random
+    weights decode is text (noise, but streamed and written as a transcript's)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     special = {"<|user|>": 59253, "<|assistant|>": 59254, "<|begin_of_audio|>": 59256, "<|end_of_audio|>": 59257,
                "<|pad|>": cfg.audio_token_id, "<|endoftext|>": 59246}
     words = "Please transcribe this audio into text . \n [UNK]".split(" ")
     vocab = {w: i + 100 for i, w in enumerate(words)} | special
+    taken = set(vocab.values())
+    vocab |= {f"w{i}": i for i in range(cfg.text_config.vocab_size) if i not in taken}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(list(special))

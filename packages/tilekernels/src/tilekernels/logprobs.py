@@ -105,7 +105,7 @@ def logprobs(x, tokens, top: int = 0, out: tuple | None = None) -> tuple:
     MAX_TOP, at most V) most likely tokens, largest first, ties to the smaller id.
     out: those three arrays to write into (a decode graph's buffers); top_values and
     top_ids are then (rows, top_width) with top_width >= top, of which the first top columns
-    are written."""
+    hold the result (the GPU kernel may write the next ones up to a power of two: scratch)."""
     kind = backend(x=x, tokens=tokens, **({} if out is None else dict(zip(("chosen", "top_values", "top_ids"), out))))
     check("x", x, ndim=2, dtype=np.float32)
     rows, n = x.shape
