@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections import Counter
 from functools import partial
-import tempfile
 from pathlib import Path
 
 from .subtitles import MAX_DURATION_S, cues, join_text
