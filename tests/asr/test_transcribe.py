@@ -424,6 +424,7 @@ def test_inputs_a_python_user_passes(tiny, audio_dir):
     assert [r.error for r in rs] == [None, "<ndarray>: expected a file path, got ndarray (samples go to transcribe)",
                                      None]
     assert rs[0].text == rs[2].text == want
+    assert [r.text for r in asr.transcribe_many(np.array([str(path)]), **kw)] == [want]     # an array of paths
 
 
 def test_calls_from_several_threads_take_turns(tiny):

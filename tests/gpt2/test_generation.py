@@ -234,12 +234,19 @@ def test_api_arguments_as_python_users_pass_them(ckpt):
     want = lm.generate("To be", **kw)[0]
     assert lm.generate(ids[0], **kw)[0].tokens == lm.generate(np.array(ids[0]), **kw)[0].tokens == want.tokens
     assert lm.generate("To be", stop=None, **kw)[0].text == "".join(lm.stream(ids[0], stop=None, **kw)) == want.text
+    two = [o.tokens for o in lm.generate(["To be", "or not"], **kw)]
+    assert [o.tokens for o in lm.generate(np.array(["To be", "or not"]), **kw)] == two
+    assert [o.tokens for o in lm.generate((p for p in ["To be", "or not"]), **kw)] == two
+    assert "".join(lm.stream([], **kw)) == "".join(lm.stream("", **kw))
+    assert lm.generate("To be", logit_bias={str(want.tokens[0]): -100}, **kw)[0].tokens[0] != want.tokens[0]
+    assert lm.generate("To be", stop={want.text[2:4]}, **kw)[0].text == want.text[:2]
     for call, message in [
         (lambda: lm.generate("To be", max_new_tokens=6.0), "max_new_tokens must be an integer"),
         (lambda: lm.generate("To be", top_k=None), "top_k must be an integer"),
         (lambda: lm.generate("To be", num_samples=2.0), "num_samples must be an integer"),
         (lambda: lm.generate("To be", min_p=None), "min_p must be a number"),
-        (lambda: lm.generate("To be", logit_bias={"a": 1}), "logit_bias token id"),
+        (lambda: lm.generate("To be", logit_bias={"a": 1}), "logit_bias must map token ids to numbers"),
+        (lambda: lm.generate("To be", logit_bias={-1: 1}), "logit_bias token ids must be integers >= 0"),
         (lambda: lm.generate("To be", stop=[1]), "stop must be a string"),
         (lambda: lm.generate(b"To be"), "got bytes"),
         (lambda: lm.generate([["To", 1]]), "a prompt must be text or a list of token ids"),
@@ -249,6 +256,41 @@ def test_api_arguments_as_python_users_pass_them(ckpt):
     ]:
         with pytest.raises(GPTError, match=message):
             call()
+
+
+def test_a_stream_the_collector_closes_inside_a_step_cancels_there(ckpt):
+    """An abandoned stream in a reference cycle is closed by the garbage collector wherever it
+    runs, inside the engine's step of the same thread too: its cancel takes the (re-entrant)
+    engine lock there, not a deadlock."""
+    import gc
+    import threading
+
+    lm = LanguageModel(GPT.load(ckpt), load_tokenizer(ckpt))
+    kw = dict(max_new_tokens=12, temperature=0)
+    want = lm.generate("the slings", **kw)[0].tokens
+    done = []
+
+    def work():
+        for _ in range(5):
+            s = lm.stream("To be", **kw)
+            next(s)
+            cycle = [s]
+            cycle.append(cycle)
+            del s, cycle
+            engine, step = lm.engine(), lm.engine().step
+
+            def step_collecting():      # a collection inside the step, as an allocation there can start
+                gc.collect()
+                return step()
+            engine.step = step_collecting
+            try:
+                done.append(lm.generate("the slings", **kw)[0].tokens == want)
+            finally:
+                del engine.step
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(60)
+    assert done == [True] * 5 and not lm.engine().busy
 
 
 def test_a_closed_output_pipe_ends_it_quietly():

@@ -157,8 +157,10 @@ class SpeechRecognizer:
         every run). A live iterable may yield None for "nothing new yet": the work in flight goes
         on. Bad settings raise ASRError here, before the first result is asked for."""
         with _one_line():
-            if isinstance(inputs, (str, bytes, os.PathLike, np.ndarray)):
-                raise ValueError("transcribe_many takes a list (or any iterable) of paths; transcribe takes one")
+            if isinstance(inputs, (str, bytes, os.PathLike)) or (isinstance(inputs, np.ndarray)
+                                                                  and inputs.dtype.kind not in "UO"):
+                raise ValueError("transcribe_many takes a list (or any iterable) of paths; transcribe takes one "
+                                 "(samples too)")
             prompt = with_context(prompt, context)
             self.transcriber.check(prompt, max_new_tokens)
             options = vad_settings(vad, vad_options)

@@ -99,16 +99,10 @@ class LanguageModel:
         logit_bias ({token id: -100 to 100}) as OpenAI's and vLLM's."""
         with _one_line():
             _numbers(min_p=min_p, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
-            if not isinstance(logit_bias or {}, dict):
-                raise ValueError(f"logit_bias must be a dict of token id: bias, got {type(logit_bias).__name__}")
-            for k, v in (logit_bias or {}).items():
-                _integer("logit_bias token id", k, 0)
-                _numbers(**{"logit_bias value": v})
             ids, sampling = self._request(prompts, max_new_tokens, temperature, top_k, top_p, repetition_penalty,
                                           num_samples, logprobs, min_p=float(min_p),
                                           presence_penalty=float(presence_penalty),
-                                          frequency_penalty=float(frequency_penalty),
-                                          logit_bias=tuple((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+                                          frequency_penalty=float(frequency_penalty), logit_bias=_biases(logit_bias))
             return generate(self.engine(max_batch), ids, max_new_tokens, sampling, seed, _stops(stop), self.tokenizer,
                             samples=num_samples)
 
@@ -129,9 +123,9 @@ class LanguageModel:
         part of a stop string); the pieces join to generate's text for the same settings. Bad
         settings raise GPTError here, before the first piece is asked for."""
         with _one_line():
-            if len(_prompt_list(prompt)) != 1:
+            if not (isinstance(prompt, str) or _token_ids(prompt)):
                 raise ValueError("stream takes one prompt (text or token ids); generate takes several")
-            ids, sampling = self._request(prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
+            ids, sampling = self._request([prompt], max_new_tokens, temperature, top_k, top_p, repetition_penalty, 1)
             self.engine().check(requests(self.engine(), ids, max_new_tokens, sampling, seed)[0])
             return self._pieces(ids, max_new_tokens, sampling, seed, _stops(stop))
 
@@ -180,28 +174,55 @@ def _numbers(**values) -> None:
 
 
 def _stops(stop) -> tuple[str, ...]:
-    """stop as a tuple of strings (None: none; one string: that one)."""
+    """stop as a tuple of strings (None: none; one string: that one; any iterable of strings)."""
     stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(t, str) for t in stop):
+    try:
+        stop = tuple(stop)
+    except TypeError:
+        stop = (stop,)
+    if not all(isinstance(t, str) for t in stop):
         raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
-    return tuple(stop)
+    return stop
+
+
+def _biases(logit_bias) -> tuple[tuple[int, float], ...]:
+    """logit_bias {token id: bias} (ids as ints or as OpenAI's JSON strings) as pairs."""
+    if logit_bias is None:
+        return ()
+    if not isinstance(logit_bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id: bias, got {type(logit_bias).__name__}")
+    out = []
+    for k, v in logit_bias.items():
+        try:
+            out.append((int(k), float(v)))
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {k!r}: {v!r}") from None
+        if isinstance(k, (bool, float)) or out[-1][0] < 0:
+            raise ValueError(f"logit_bias token ids must be integers >= 0, got {k!r}")
+    return tuple(out)
+
+
+def _token_ids(p) -> bool:
+    """Whether p is one prompt given as token ids (an empty list too)."""
+    if isinstance(p, np.ndarray):
+        return p.ndim == 1 and (p.dtype.kind in "iu" or p.size == 0)
+    return isinstance(p, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                for t in p)
 
 
 def _prompt_list(prompts) -> list:
-    """prompts as a list of prompts: one text or one sequence of token ids is one prompt."""
-    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+    """prompts as a list of prompts: one text or one list of token ids is one prompt; else any
+    iterable of prompts."""
+    if isinstance(prompts, str) or (_token_ids(prompts) and len(prompts)):
         return [prompts]
-    if isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, (Sequence, np.ndarray)):
+    if isinstance(prompts, (bytes, bytearray)) or not hasattr(prompts, "__iter__"):
         raise ValueError(f"prompts must be text, token ids, or a list of them, got {type(prompts).__name__}")
-    if len(prompts) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
-        return [prompts]
     return list(prompts)
 
 
 def _ids(p) -> list[int]:
     """A prompt given as token ids, as a list of ints (ValueError for anything else)."""
-    if isinstance(p, (bytes, bytearray)) or not isinstance(p, (Sequence, np.ndarray)) or \
-            not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+    if not (_token_ids(p) or (isinstance(p, np.ndarray) and p.ndim == 1 and p.dtype.kind in "iu")):
         raise ValueError(f"a prompt must be text or a list of token ids, got {type(p).__name__}"
                          + (f" of {type(p[0]).__name__}" if isinstance(p, (list, tuple)) and p else ""))
     return [int(t) for t in p]

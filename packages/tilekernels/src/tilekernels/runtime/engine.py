@@ -85,7 +85,9 @@ class Engine:
         self.flow: Pipelined | None = None  # the decode under way (runner.decode)
         self.flow_rows: dict = {}           # slot -> request, the rows it decodes
         self.flow_left = 0                  # steps it has still to hand out
-        self.lock = threading.Lock()        # held by whoever drives the engine from several threads
+        # held by whoever drives the engine from several threads; re-entrant: the collector may close
+        # an abandoned stream (its cancels) inside a step of the same thread
+        self.lock = threading.RLock()
 
     def add(self, *requests: Request) -> None:
         """Queue requests, all or none: one that can never run raises ValueError here, before any
