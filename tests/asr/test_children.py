@@ -152,8 +152,9 @@ def ctrl_c(command: list[str], ready, tmp_path: Path) -> tuple[int, str, dict[in
     log, scratch = tmp_path / "stderr.txt", tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
-    with open(log, "w") as err:
-        proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+    with open(log, "w") as err:     # SIGINT as a terminal's job has it (a shell's background job ignores it)
+        proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, env=env, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     procs = {}
     try:
         deadline = time.monotonic() + 180

@@ -29,7 +29,7 @@ def test_cli_segments_sit_on_the_speech_and_silence_gets_empty_outputs(tiny, tmp
     got = [(s["start"], s["end"]) for s in doc["segments"]]
     assert len(got) == 2 and all(abs(a - b) <= 0.3 for g, w in zip(got, want) for a, b in zip(g, w)), got
     assert json.loads((out / "noise.json").read_text())["segments"] == []
-    assert (out / "noise.txt").read_text() == "" and (out / "noise.srt").read_text() == ""
+    assert (out / "noise.txt").read_text() == "\n" and (out / "noise.srt").read_text() == ""    # an empty line
     assert (out / "noise.vtt").read_text().strip() == "WEBVTT"
     cues = (out / "pause3s.srt").read_text().strip().split("\n\n")
     for cue in cues:
