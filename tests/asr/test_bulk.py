@@ -329,7 +329,7 @@ def worker_with(recognizer, out_dir: Path):
     job = {"model": {"path": "fake"}, "device": "cpu", "precision": "bf16", "output_dir": str(out_dir),
            "prompt": "p", "max_new_tokens": 2, "audio_stream": None, "vad": "none", "vad_options": None,
            "output_format": "txt", "temperature": [0.0], "compression_ratio_threshold": 2.4,
-           "logprob_threshold": -1.0}
+           "logprob_threshold": -1.0, "layout": {"windows": True, "max_width": 42, "max_lines": 2}}
     bulk_worker._CACHE.clear()
     bulk_worker._CACHE[bulk_worker._model_key(job)] = (recognizer, "cpu")
     try:

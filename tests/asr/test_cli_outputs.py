@@ -106,6 +106,18 @@ def test_subtitles_for_several_files_need_output_dir(tiny, audio_dir, fmt):
     one_error_line(r, "output_dir", fmt)
 
 
+def test_subtitle_lines_take_their_width_and_count(tiny, tmp_path):
+    """max_line_width and max_line_count (WhisperX's names) shape every srt cue; a bad one is one
+    error line before any work."""
+    clip = Path(__file__).resolve().parent / "fixtures" / "pause05.flac"
+    r = cli(clip, f"model.path={tiny}", "max_new_tokens=60", "device=cpu", "output_format=srt", "max_line_width=16",
+            "max_line_count=1", "temperature=0")
+    assert r.returncode == 0, r.stderr
+    cues = [c.split("\n") for c in r.stdout.strip().split("\n\n")]
+    assert len(cues) > 1 and all(len(c) == 3 and len(c[2]) <= 16 for c in cues), r.stdout
+    one_error_line(cli(clip, f"model.path={tiny}", "device=cpu", "max_line_width=0"), "max_line_width")
+
+
 def test_same_stem_from_two_folders(tiny, audio_dir, tmp_path):
     for d, src in (("s1", "speech16k.wav"), ("s2", "low8k.wav")):
         (tmp_path / d).mkdir()

@@ -9,7 +9,7 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-from .subtitles import MAX_DURATION_S, cues, join_text
+from .subtitles import MAX_DURATION_S, MAX_LINES, MAX_WIDTH, cues, join_text
 
 FORMATS = ("txt", "json", "srt", "vtt")
 UMASK = os.umask(0o022)     # the process's, read once here (reading it sets it: not from threads)
@@ -24,15 +24,16 @@ def _stamp(seconds: float, sep: str) -> str:
     return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
 
 
-def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, windows: bool = False) -> str:
+def render(fmt: str, source: str, segments: list[dict], json_line: bool = False, windows: bool = False,
+           max_width: int = MAX_WIDTH, max_lines: int = MAX_LINES) -> str:
     """One file's transcript in fmt; json_line: its JSON on one line (JSON Lines, several files on
     one stream). The text is the segments' joined with CJK-aware spacing (Transcript.text's), a
     line of its own even when empty (several files' lines stay in step on one stream); srt and vtt
-    cues hold at most 2 lines of 42 characters for 7 s (subtitles.cues; vtt's text escaped), or
-    with windows (vad none's fixed windows: where in one the words fall is not known) as long as
+    cues hold at most max_lines lines of max_width columns for 7 s (subtitles.cues; vtt's text
+    escaped), or with windows (vad none's fixed windows: where in one the words fall is not known) as long as
     the window; a transcript with no text has none."""
     text = join_text(segments)
-    cut = partial(cues, max_duration=math.inf if windows else MAX_DURATION_S)
+    cut = partial(cues, max_width=max_width, max_lines=max_lines, max_duration=math.inf if windows else MAX_DURATION_S)
     if fmt == "txt":
         return text + "\n"
     if fmt == "json":

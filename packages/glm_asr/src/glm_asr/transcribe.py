@@ -35,8 +35,13 @@ MODEL_OPTIONS = {"max_new_tokens": Int(min=1), "prompt": Str, "context": OptStr,
                  "compression_ratio_threshold": Float(gt=0), "logprob_threshold": OptFloat(max=0)}
 # those transcribe and bulk share: the files written
 SHARED_OPTIONS = {**MODEL_OPTIONS, "output_format": Str(choices=FORMATS), "output_dir": OptStr,
-                  "encoder_batch": Int(min=1)}
+                  "encoder_batch": Int(min=1), "max_line_width": Int(min=1), "max_line_count": Int(min=1)}
 TRANSCRIBE_OPTIONS = {**SHARED_OPTIONS, "profile": Bool}
+
+
+def layout_options(o: dict) -> dict:
+    """render's subtitle layout from the options: vad none's fixed windows, the line width and count."""
+    return {"windows": o["vad"] == "none", "max_width": o["max_line_width"], "max_lines": o["max_line_count"]}
 
 
 def run(cfg: DictConfig, args: list[str]) -> int:
@@ -60,7 +65,7 @@ def run(cfg: DictConfig, args: list[str]) -> int:
         check_output_dir(out_dir)
     names = output_names(files, fmt)
     vad = vad_options(cfg.get("vad_options"))         # checked before the model loads
-    windows = o["vad"] == "none"                      # fixed 30 s windows, not speech segments
+    layout = layout_options(o)
     guard = loop_guard(cfg, o)
     device = pick_device(o["device"])
     if o["vad"] == "silero" and device == "cpu":
@@ -88,13 +93,13 @@ def run(cfg: DictConfig, args: list[str]) -> int:
             doc = r.to_dict()
             if out_dir:
                 try:
-                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"], windows=windows))
+                    write_atomic(Path(out_dir) / name, render(fmt, r.source, doc["segments"], **layout))
                 except OSError as e:
                     print(f"error: {e}", file=sys.stderr)
                     failed += 1
                     continue
             else:       # several JSON documents on one stream: JSON Lines
-                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1, windows=windows))
+                sys.stdout.write(render(fmt, r.source, doc["segments"], json_line=len(files) > 1, **layout))
                 sys.stdout.flush()
             done, seconds = done + 1, seconds + r.seconds
             mark("first file written")

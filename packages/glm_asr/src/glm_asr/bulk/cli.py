@@ -16,7 +16,7 @@ from tilekernels.runtime.cli import Float, OptInt, OptStr, Str, config_dir, exit
 
 from ..formats import check_output_dir, temporary_stem
 from ..pipeline import with_context
-from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, loop_guard, vad_options
+from ..transcribe import SHARED_OPTIONS, extensions as parse_extensions, layout_options, loop_guard, vad_options
 from .cluster import drive, local_cluster, task_overhead, visible_gpus, worker_plan
 from .manifest import kept_names, plan_tasks, probe_duration, read_manifest
 from .progress import ERRORS, Item, Progress, Tally, _fmt_seconds
@@ -118,7 +118,7 @@ def run(cfg, inputs: list[str] = ()) -> int:
            "device": o["device"], "vad": o["vad"], "vad_options": vad_options(cfg.get("vad_options")),
            "max_batch": o["max_batch"], "encoder_batch": o["encoder_batch"], "precision": o["precision"],
            "temperature": o["temperature"], "compression_ratio_threshold": o["compression_ratio_threshold"],
-           "logprob_threshold": o["logprob_threshold"]}
+           "logprob_threshold": o["logprob_threshold"], "layout": layout_options(o)}
     if not o["scheduler"]:
         job["device"], envs = worker_plan(o["device"], o["gpus"], o["workers"], visible_gpus())
 

@@ -231,8 +231,7 @@ def _feed(asr, opts: dict) -> _Feed:
 def _write(job: dict, out_dir: Path, source: str, path: str, name: str, r: dict, t) -> None:
     """Write a transcript as the command line renders it (its error in r if that fails)."""
     try:
-        write_atomic(out_dir / name, render(job["output_format"], source, t.to_dict()["segments"],
-                                            windows=job["vad"] == "none"))
+        write_atomic(out_dir / name, render(job["output_format"], source, t.to_dict()["segments"], **job["layout"]))
     except OSError as e:
         r["error"] = _reason(e, path, source)
 
