@@ -222,7 +222,7 @@ def _prompt_list(prompts) -> list:
 
 def _ids(p) -> list[int]:
     """A prompt given as token ids, as a list of ints (ValueError for anything else)."""
-    if not (_token_ids(p) or (isinstance(p, np.ndarray) and p.ndim == 1 and p.dtype.kind in "iu")):
+    if not _token_ids(p):
         raise ValueError(f"a prompt must be text or a list of token ids, got {type(p).__name__}"
                          + (f" of {type(p[0]).__name__}" if isinstance(p, (list, tuple)) and p else ""))
     return [int(t) for t in p]
