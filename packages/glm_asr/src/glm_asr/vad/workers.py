@@ -10,6 +10,7 @@ import sys
 import threading
 import warnings
 from collections import deque
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -81,7 +82,7 @@ def _defines_only(path: str) -> bool:
     import ast
 
     try:
-        tree = ast.parse(open(path, "rb").read())
+        tree = ast.parse(Path(path).read_bytes())
     except (OSError, SyntaxError, ValueError):
         return False
 
