@@ -68,6 +68,6 @@ def poisoned():
 def tiny(tmp_path_factory):
     """The tiny GLM-ASR checkpoint, made by the project's own tool (sharded, as the hub's)."""
     out = tmp_path_factory.mktemp("tiny_glm")
-    subprocess.run([sys.executable, str(ROOT / "tools/make_tiny_glm_asr.py"), str(out), "--shards", "2"],
+    subprocess.run([sys.executable, "-m", "glm_asr.synthetic", str(out), "--shards", "2"],
                    check=True, capture_output=True)
     return out

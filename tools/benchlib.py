@@ -43,16 +43,10 @@ def versions() -> dict:
 
 
 def synthetic_speechlike(seconds: float, seed: int = 0):
-    """Harmonic tones with a syllable-rate envelope and noise: deterministic, non-trivial audio
-    (16 kHz float32 samples)."""
-    import numpy as np
+    """Speech-like 16 kHz float32 audio (glm_asr.synthetic.speechlike)."""
+    from glm_asr.synthetic import speechlike
 
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(16000 * seconds)) / 16000
-    f0 = 120 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    x = sum(np.sin(2 * np.pi * k * np.cumsum(f0) / 16000) / k for k in range(1, 6))
-    x *= 0.5 * (1 + np.sin(2 * np.pi * 4 * t)) * 0.2
-    return (x + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
+    return speechlike(seconds, seed)
 
 
 def speech_dense(seconds: float = 29.0, seed: int = 0):
@@ -143,10 +137,9 @@ def served_checkpoint(kind: str, directory: Path, small: bool = False) -> None:
         size = {} if small else dict(n_embd=768, n_head=12, n_layer=12, n_positions=1024, vocab=50257)
         make_gpt2(directory, **size)
     elif small:
-        sys.path.insert(0, str(ROOT / "tools"))
-        from make_tiny_glm_asr import make
+        from glm_asr.synthetic import write_checkpoint
 
-        make(directory)
+        write_checkpoint(directory)
     else:
         hf = random_glm_asr_checkpoint(str(directory), "bf16")
         word_tokenizer(directory, hf.config)

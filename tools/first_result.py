@@ -17,7 +17,7 @@ Cases (figure key in brackets; every row carries the run's stages, runtime.profi
   workers it started went on after it exited (builds_after_exit_s: the rest of its manifest).
 - generate_first_run / generate_again [wall_s]: `python -m gpt.generate` on gpt2, 128 tokens.
 - prebuild [wall_s]: `python -m tilekernels.prebuild glm_asr gpt` (the install step that builds
-  both models' kernels) with every compile cache emptied first; transcribe_after_prebuild /
+  both models' kernels, then runs glm_asr.warmup) with every compile cache emptied first; transcribe_after_prebuild /
   generate_after_prebuild [wall_s]: the commands' first runs after it (a case after prebuild).
 - long_file_60min, long_file_60min_vad, long_file_60min_m4a [realtime_factor]: one 60-minute file
   after load, 64 tokens a window, eos ignored; the first pass after load and the best of two more.
@@ -301,7 +301,7 @@ def main() -> None:
             raise SystemExit(f"{case}: run the prebuild case before it")
         if case == "prebuild":
             wall, p = command([sys.executable, "-m", "tilekernels.prebuild", "glm_asr", "gpt"], work)
-            row = {"wall_s": wall, "printed": p.stdout.strip()}
+            row = {"wall_s": wall, "printed": p.stdout.strip(), "cupy_kernels_compiled": cupy_kernels()}
         elif case.startswith("transcribe_"):
             row = cli(asr_cli, work)
         elif case.startswith("generate_"):

@@ -117,3 +117,12 @@ def test_vad_on_the_gpu_finds_the_cpus_segments(tiny):
         a, b = out["cpu"][n], out["gpu"][n]
         assert len(a) == len(b), (n, a, b)
         assert all(abs(x["start"] - y["start"]) <= 0.07 and abs(x["end"] - y["end"]) <= 0.07 for x, y in zip(a, b))
+
+
+def test_the_install_warm_up_runs_on_the_gpu(capfd):
+    """python -m tilekernels.prebuild glm_asr's last step: a one-layer model of the real sizes transcribes
+    on the GPU (its kernels from the kernel list) and says how long it took."""
+    from glm_asr import warmup
+
+    assert warmup.main() == 0
+    assert capfd.readouterr().out.startswith("glm_asr.warmup: ")

@@ -68,7 +68,7 @@ def test_installed_gpt_generate_runs_the_shipped_model(venv, tmp_path):
 
 def test_installed_transcribe_runs(venv, tmp_path):
     ckpt = tmp_path / "tiny"
-    r = run([sys.executable, ROOT / "tools/make_tiny_glm_asr.py", ckpt], cwd=ROOT)
+    r = run([sys.executable, "-m", "glm_asr.synthetic", ckpt], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     t = np.arange(24000) / 16000
     sf.write(tmp_path / "a.wav", (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)

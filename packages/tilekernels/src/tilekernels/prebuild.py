@@ -1,6 +1,8 @@
 """python -m tilekernels.prebuild PACKAGE|LIST ... [--arch sm_XY]: a model's kernels built into the
 cubin cache (tilekernels.cubins) ahead of its first run: an install step, or a container image's
-build on a machine without a GPU (--arch names the one it will run on)."""
+build on a machine without a GPU (--arch names the one it will run on). On this machine's GPU (no
+--arch), a package that ships a `<package>.warmup` module then has it run, in a process of its own:
+the rest of a first run's one-time work (CuPy's kernels, bytecode) done now too."""
 from __future__ import annotations
 
 import os
@@ -73,7 +75,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {len(failed)} kernels failed to build, first {failed[0][0].split(' ')[0]} ({reason})",
               file=sys.stderr)
         return 1
-    return 0
+    return 0 if args.arch is not None else warm_up(args.targets)
+
+
+def warmups(targets: list[str]) -> list[str]:
+    """The `<package>.warmup` modules of the targets that are packages and ship one."""
+    import importlib.util
+
+    out = []
+    for t in dict.fromkeys(targets):
+        try:
+            if not t.endswith(".txt") and importlib.util.find_spec(f"{t}.warmup") is not None:
+                out.append(f"{t}.warmup")
+        except (ImportError, ValueError):
+            pass
+    return out
+
+
+def warm_up(targets: list[str], timeout: float = 900.0) -> int:
+    """Run each warm-up module (python -m PACKAGE.warmup), its lines passed on; 1 if any failed or
+    ran past timeout seconds."""
+    import subprocess
+
+    status = 0
+    for module in warmups(targets):
+        try:
+            status |= subprocess.run([sys.executable, "-m", module], timeout=timeout).returncode != 0
+        except subprocess.TimeoutExpired:
+            print(f"error: {module} ran past {timeout:.0f} s", file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":
