@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from tilekernels.runtime.profile import stage
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
 from .model import GlmAsr
 from .reading import Readers, VadJob
-from .vad import VadOptions, start_device_probs, start_workers
+from .vad import VadOptions, device_probs, start_workers
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
@@ -175,7 +174,6 @@ class Transcriber:
         self.engine = Engine(self.model, max_batch, SLOT_POSITIONS, prefill_tokens=max_batch * WINDOW_PROMPT)
         self.encoder_batch = encoder_batch
         self._vad_stream = None
-        self._vad_pending: deque = deque()     # (jobs, DeviceProbs): VAD batches the GPU is running
         self._encoded = None        # the event of the last encoder pass queued (GPU)
         self._busy, self._owner = threading.Lock(), None      # _turn: one call drives the engine
         pad = self.tok.token_to_id("<|pad|>")
@@ -219,7 +217,6 @@ class Transcriber:
             warm_up(self.engine, (SCORED,))
             if self.model.xp is not np:
                 self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
-                self._vad_answer(wait=True)
             window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)],
                                          self.model.config.encoder.num_mel_bins, None))
             for n in range(1, self.encoder_batch + 1):
@@ -281,9 +278,7 @@ class Transcriber:
                 # the windows read meanwhile join the same group, prefill and flow
                 room, encoding = e.free, self._encoding()
                 full = min(self.encoder_batch, max(room, 1))
-                idle = not e.busy and not group and not encoding
-                self._vad_answer(wait=idle)     # idle: nothing to do but wait for the VAD the readers wait on
-                wait = 0.1 if idle else POLL_S if encoding or (self._vad_pending and not e.busy) else 0.0
+                wait = 0.1 if not e.busy and not group and not encoding else POLL_S if encoding else 0.0
                 jobs = self._gather(readers, flight, group, full, wait)
                 if jobs:
                     with stage("vad"):
@@ -303,9 +298,6 @@ class Transcriber:
                 yield from flight.finished(in_order, self._segments)
         finally:
             readers.close()             # readers give up within 0.1 s
-            if self._vad_pending:       # their copies land in pinned buffers CuPy's pool may hand out again
-                self._vad_stream.synchronize()
-                self._vad_pending.clear()
             e.cancel_where()            # a consumer that stopped early leaves nothing running
 
     def _open(self, sources: Iterator, flight: "_InFlight", readers: Readers) -> bool:
@@ -398,40 +390,25 @@ class Transcriber:
             self.engine.cancel_where(lambda r: r.tag[0] in gone)
 
     def _vad(self, jobs: list[VadJob]) -> None:
-        """Queue the speech probabilities of the readers' pending samples, all in one batch on a
-        stream of their own, beside the engine's steps (_vad_answer hands them out); a batch that
-        fails to start is retried a job at a time, so that a bad input fails alone."""
+        """The speech probabilities of the readers' pending samples, all in one batch on a stream of
+        their own (the engine's decode steps in flight go on meanwhile); a batch that fails is
+        retried a job at a time, so that a bad input fails alone."""
         import cupy
 
         if self._vad_stream is None:
             self._vad_stream = cupy.cuda.Stream(non_blocking=True)
         try:
             with self._vad_stream:
-                self._vad_pending.append((jobs, start_device_probs([j.samples for j in jobs])))
+                probs = device_probs([j.samples for j in jobs])
         except Exception as e:      # noqa: BLE001 - handed to the readers
             if len(jobs) > 1:
                 for j in jobs:
                     self._vad([j])
             else:
                 jobs[0].future.set_exception(e)
-
-    def _vad_answer(self, wait: bool = False) -> None:
-        """Hand the readers the VAD batches the GPU has finished (wait: the first one, waited for)."""
-        while self._vad_pending:
-            jobs, pending = self._vad_pending[0]
-            try:
-                if not (wait or pending.done()):
-                    return
-                probs = pending.result()
-            except Exception as e:      # noqa: BLE001 - handed to the readers
-                probs = [e] * len(jobs)
-            self._vad_pending.popleft()
-            wait = False
-            for j, p in zip(jobs, probs):
-                if isinstance(p, Exception):
-                    j.future.set_exception(p)
-                else:
-                    j.future.set_result(p)
+            return
+        for j, p in zip(jobs, probs):
+            j.future.set_result(p)
 
     def _encoding(self) -> bool:
         """Whether the GPU is still running the last encoder pass queued (always False on the CPU)."""

@@ -35,7 +35,7 @@ speech_pad_ms each side, never past the middle of the pause to the next segment,
 ends or max_speech_duration_s in all.
 """
 from .model import (BATCH, BLOCK_S, CHUNK, CONTEXT, DEVICE_FRAMES, MODEL_PATH, STATE, WARMUP_S, block_frames,
-                    device_probs, speech_probs, speech_segments, start_device_probs, weights)
+                    device_probs, speech_probs, speech_segments, weights)
 from .segments import FRAME, MAX_WINDOW_S, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
 from .live import LiveVad, Speech
 from .workers import (AHEAD, PROCESSES, STREAM_CHUNK, PendingProbs, chunk_probs, pooled_probs, start_workers,
@@ -45,5 +45,5 @@ __all__ = ["AHEAD", "BATCH", "BLOCK_S", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FR
            "MODEL_PATH", "PendingProbs", "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "Speech", "WARMUP_S",
            "Segment",
            "VadOptions", "block_frames", "chunk_probs", "device_probs", "pooled_probs", "segments_from_probs",
-           "speech_probs", "speech_regions", "speech_segments", "start_device_probs", "start_workers", "stop_workers",
-           "stream_probs", "weights"]
+           "speech_probs", "speech_regions", "speech_segments", "start_workers", "stop_workers", "stream_probs",
+           "weights"]

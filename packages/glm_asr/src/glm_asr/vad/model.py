@@ -241,45 +241,19 @@ def device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = W
     (3xTF32: within 1e-4 of the numpy model's; plain TF32 would compound in the recurrence). It
     runs on the current stream and changes the matmul precision while it runs: call it from the
     thread that launches the model's kernels."""
-    return start_device_probs(samples, block_s=block_s, warmup_s=warmup_s).result()
-
-
-class DeviceProbs:
-    """device_probs' result on its way: queued on a stream, copied back to pinned host memory as
-    the stream gets to it; done() tells without waiting, result() waits. Drop one unfinished only
-    after its stream has synchronized (the pinned buffer goes back to CuPy's pool at once)."""
-
-    def __init__(self, host=None, event=None, finish=None, empty: list | None = None):
-        self._host, self._event, self._finish, self._out = host, event, finish, empty   # host: pinned
-
-    def done(self) -> bool:
-        return self._out is not None or self._event.done
-
-    def result(self) -> list[np.ndarray]:
-        if self._out is None:
-            self._event.synchronize()
-            self._out, self._host = self._finish(self._host), None
-        return self._out
-
-
-def start_device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = WARMUP_S) -> DeviceProbs:
-    """device_probs queued on the current stream, not waited for: the loop that launches it goes on
-    (the engine's steps) while the VAD runs beside them on a stream of its own."""
     import cupy
-    import cupyx
 
     block, warm = block_frames(block_s, warmup_s)
-    samples = [x if isinstance(x, cupy.ndarray) else np.asarray(x, np.float32) for x in samples]
-    for x in samples:
+    xs = [cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32)) for x in samples]
+    for x in xs:
         if x.ndim != 1:
             raise ValueError(f"samples must be one-dimensional (mono), got shape {x.shape}")
-    xs = [cupy.ascontiguousarray(cupy.asarray(x, dtype=cupy.float32)) for x in samples]   # pinned staging
     ns = [-(-len(x) // FRAME) for x in xs]
     live = [i for i, n in enumerate(ns) if n]
     layouts = {i: _layout(ns[i], block, warm) for i in live}
     out = [np.zeros(0, np.float32) for _ in xs]
     if not live:
-        return DeviceProbs(empty=out)
+        return out
     n_rows = _rows_class(sum(len(layouts[i][0]) for i in live))
     chunk = max(SHAPE_CLASS, DEVICE_FRAMES // n_rows)
     steps = _ceil(max(layouts[i][2] for i in live), chunk)
@@ -287,21 +261,13 @@ def start_device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: flo
     rows = [base + f for i, base in zip(live, bases) for f in layouts[i][0]]
     rows += [rows[-1]] * (n_rows - len(rows))                   # repeats, whose columns go unread
     with matmul_precision("highest"):
-        p = _run_rows(view, rows, steps, chunk)
-    host = cupyx.empty_pinned(p.shape, p.dtype)
-    p.get(out=host, blocking=False)
-    event = cupy.cuda.Event(disable_timing=True)
-    event.record()
-
-    def finish(p: np.ndarray) -> list[np.ndarray]:
-        col = 0
-        for i in live:
-            starts, length, _ = layouts[i]
-            out[i] = _assemble(p[:, col:col + len(starts)], ns[i], length, warm).copy()
-            col += len(starts)
-        return out
-
-    return DeviceProbs(host, event, finish)
+        p = _run_rows(view, rows, steps, chunk).get()
+    col = 0
+    for i in live:
+        starts, length, _ = layouts[i]
+        out[i] = _assemble(p[:, col:col + len(starts)], ns[i], length, warm)
+        col += len(starts)
+    return out
 
 
 def _ceil(n: int, k: int) -> int:
