@@ -119,3 +119,17 @@ def test_join_text_spacing():
     assert join_text([{"text": "Hello"}, {"text": "你好"}, {"text": "world"}]) == "Hello 你好 world"
     assert join_text([{"text": "wait"}, {"text": ", what?"}]) == "wait, what?"
     assert join_text([]) == ""
+
+
+def test_deltas_only_grow_and_join_to_the_segments_text():
+    """A stream's deltas: previews of the next segment and decoded segments, each delta what the
+    joined text grew by; a preview that does not extend what was sent is held back."""
+    from glm_asr.subtitles import Deltas, join_text
+
+    d, sent = Deltas(), []
+    for item in ["Hel", "Hello wor", ({"text": "Hello world."}, 10, 4), "你", "Hx",
+                 ({"text": "你好"}, 12, 2), ({"text": ", friend"}, 9, 3)]:
+        sent.append(d.add(item))
+    segs = [{"text": "Hello world."}, {"text": "你好"}, {"text": ", friend"}]
+    assert "".join(sent) == d.text == join_text(segs) == "Hello world. 你好, friend"
+    assert sent[:2] == ["Hel", "lo wor"] and sent[4] == "" and (d.used_in, d.used_out) == (31, 9)

@@ -453,3 +453,27 @@ def test_calls_from_several_threads_take_turns(tiny):
         asr.transcribe(files[1], max_new_tokens=12)
     many.close()
     assert asr.transcribe(files[1], max_new_tokens=12).text == want[1] and not asr.transcriber.engine.busy
+
+
+def test_previews_grow_into_each_segments_text(tiny):
+    """transcribe_many's preview: for a shown source without the loop guard, the text so far of
+    the next segment, each preview extending the last and the segment's text extending it; none
+    with the guard on (a retry may change the text)."""
+    from glm_asr.audio import Audio
+    from glm_asr.pipeline import Fallback
+    from glm_asr.vad import VadOptions
+
+    t = Transcriber.load(Path(tiny), "cpu")
+    source = ("a", lambda: Audio(str(FIXTURES / "pause3s.flac")))
+    for guard, want_previews in ((None, True), (Fallback((0.0, 0.5)), False)):
+        log = []
+        out = list(t.transcribe_many([(*source, True, guard)], "x", 40, vad=VadOptions(),
+                                     partial=lambda name, seg, *_: log.append(("segment", seg["text"])),
+                                     preview=lambda name, text: log.append(("preview", text.strip()))))
+        texts = [s["text"] for s in out[0][1]]
+        assert [x for k, x in log if k == "segment"] == texts and len(texts) == 2
+        assert any(k == "preview" for k, _ in log) == want_previews
+        shown = ""                                              # the text so far of the next segment
+        for kind, text in log:
+            assert text.startswith(shown), (kind, text, shown)
+            shown = "" if kind == "segment" else text

@@ -240,7 +240,9 @@ class Transcriber:
                         progress=None, vad: VadOptions | None = None, ignore_eos: bool = False,
                         in_order: bool = True, dropped: Callable[[str], bool] | None = None,
                         partial: Callable[[str, dict, int, int], None] | None = None,
-                        fallback: Fallback | None = None) -> Iterator[tuple[str, list[dict] | Exception, float]]:
+                        fallback: Fallback | None = None,
+                        preview: Callable[[str, str], None] | None = None,
+                        ) -> Iterator[tuple[str, list[dict] | Exception, float]]:
         """(name, segments, seconds of audio) for each (name, open) source in order, each as soon
         as it and those before it are done (in_order False: as soon as it is done); open() returns
         an Audio or samples. A source that cannot be read gives (name, the exception, 0) and the
@@ -250,13 +252,15 @@ class Transcriber:
         the engine, and it ends with Dropped. partial(name, segment, prompt tokens, new tokens):
         each segment of a source given as (name, open, True), as soon as it and those before it
         are decoded (a stream's text). fallback: the loop guard (None: greedy only); a source
-        (name, open, show, fallback, instruction) brings its own of either."""
+        (name, open, show, fallback, instruction) brings its own of either. preview(name, text):
+        for such a source without a loop guard (its text then only grows), the text so far of the
+        segment partial gets next, after each engine step that added to it."""
         with self._turn():
             yield from self._transcribe_many(sources, instruction, max_new_tokens, progress, vad, ignore_eos, in_order,
-                                             dropped, partial, fallback)
+                                             dropped, partial, fallback, preview)
 
     def _transcribe_many(self, sources, instruction, max_new_tokens, progress, vad, ignore_eos, in_order, dropped,
-                         partial, fallback):
+                         partial, fallback, preview):
         gpu_vad = vad is not None and self.model.xp is not np
         if vad is not None and not gpu_vad:
             start_workers()
@@ -294,7 +298,7 @@ class Transcriber:
                     self._drop(flight, dropped)
                 # decode once the batch is full or the readers have nothing more right now
                 if e.busy and (room <= 0 or (readers.empty() and (read_all or not self._encoding()))):
-                    self._decode_step(flight, progress, partial)
+                    self._decode_step(flight, progress, partial, preview)
                 yield from flight.finished(in_order, self._segments)
         finally:
             readers.close()             # readers give up within 0.1 s
@@ -344,20 +348,34 @@ class Transcriber:
             with stage("encode + prefill queued"):
                 self._encode(live, flight.files, instruction, max_new_tokens, ignore_eos)
 
-    def _decode_step(self, flight: "_InFlight", progress, partial) -> None:
+    def _decode_step(self, flight: "_InFlight", progress, partial, preview=None) -> None:
         """One engine step; the windows it finished go to their files (or, the loop guard's, back
-        to the engine at the next temperature)."""
+        to the engine at the next temperature); preview gets the text so far of each shown file's
+        next segment the step added to."""
         with stage("engine steps"):
             events = self.engine.step()
+        growing = {}
         for ev in events:
             index, n, w, attempt = ev.request.tag
             f = flight.files[index]
-            if not ev.finished or f is None or self._retried(ev.request, f):
+            if f is None:
+                continue
+            if not ev.finished:
+                if preview is not None and f.show and n == f.shown and (f.fallback is None or
+                                                                        len(f.fallback.temperatures) == 1):
+                    growing[index] = ev.request
+                continue
+            if self._retried(ev.request, f):
                 continue
             if progress is not None:
                 progress.update(w.end_s - w.start_s)
             if partial is not None and f.show:
                 self._show(f, partial)
+        for index, r in growing.items():
+            f = flight.files[index]
+            if not r.finished and r.tag[1] == f.shown:
+                text = self.tok.decode([int(t) for t in r.out.tokens], skip_special_tokens=True)
+                preview(f.name, text.rstrip("\ufffd"))      # a character's bytes not all there yet
 
     def _retried(self, r: Request, f: _File) -> bool:
         """Keep a finished attempt's tokens as its window's text, or queue the next attempt (the

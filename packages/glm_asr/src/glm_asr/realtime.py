@@ -41,7 +41,7 @@ from tilekernels.runtime.server import APIError, Job, submit
 
 from .audio import SAMPLE_RATE
 from .reading import Cut
-from .subtitles import join_text
+from .subtitles import Deltas
 from .vad import VadOptions
 from .vad.live import Feeder, LiveVad, Speech
 
@@ -364,11 +364,10 @@ class Session:
 
     async def transcribe(self, item: str, job: Job, ticket: int) -> None:
         """The item's transcription, its turn come (the session's waiting items go in commit order,
-        IN_FLIGHT at most under way), its text sent as deltas as its segments are decoded, then
-        .completed (or .failed)."""
+        IN_FLIGHT at most under way), its text sent as deltas as it is decoded (a segment at a
+        time with the loop guard on), then .completed (or .failed)."""
         job.future.add_done_callback(lambda _: job.emit(None))
-        segments, text, used_in, used_out = [], "", 0, 0
-        under_way = False
+        deltas, under_way = Deltas(), False
         try:
             async with self.room:
                 await self.room.wait_for(lambda: self.queued[0][0] == ticket and self.in_flight < IN_FLIGHT)
@@ -378,14 +377,11 @@ class Session:
                 self.in_flight, under_way = self.in_flight + 1, True
                 self.room.notify_all()
             while (part := await job.items.get()) is not None:
-                segments.append(part[0])
-                used_in, used_out = used_in + part[1], used_out + part[2]
-                now = join_text(segments)       # the deltas join to the transcript (Transcript.text's join)
-                if len(now) > len(text):
+                if delta := deltas.add(part):   # they join to the transcript (Transcript.text's join)
                     await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item,
-                                     "content_index": 0, "delta": now[len(text):]})
-                    text = now
+                                     "content_index": 0, "delta": delta})
             result = job.future.result()
+            used_in, used_out = deltas.used_in, deltas.used_out
             await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                              "content_index": 0, "transcript": result.text,
                              "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,

@@ -6,7 +6,7 @@
 POST /v1/audio/transcriptions (multipart: file, model, response_format json | text | srt | vtt |
 verbose_json, temperature (0: the server's loop guard, its `temperature` list and thresholds, greedy
 by default; above 0: that temperature alone, seeded per segment), timestamp_granularities[] (only
-segment), stream (true: server-sent transcript.text.delta events a segment as it is decoded, then
+segment), stream (true: server-sent transcript.text.delta events as the text is decoded, then
 transcript.text.done; json and text), language (accepted, unused) and prompt (OpenAI's style or
 context hint: our `context`, read after the instruction, the server's `prompt` option)), the
 /v1/realtime WebSocket (OpenAI's Realtime transcription events, server VAD or push-to-talk:
@@ -48,7 +48,7 @@ from tilekernels.runtime.server import (SERVER_OPTIONS, APIError, ClientGone, Jo
 from .api import ASRError, Segment, SpeechRecognizer, Transcript, fallback_settings, load, vad_settings
 from .audio import SAMPLE_RATE, Audio, AudioError
 from .formats import render
-from .subtitles import join_text
+from .subtitles import Deltas, join_text
 from .pipeline import Dropped, with_context
 from .reading import Cut
 from .realtime import Session, serve_socket
@@ -109,11 +109,15 @@ class SharedPipeline(ThreadWorker):
         """A segment of a streamed upload as soon as it is decoded."""
         self._jobs[key].emit((segment, prompt_tokens, new_tokens))
 
+    def _preview(self, key: str, text: str) -> None:
+        """The text so far of a streamed upload's next segment, as its tokens come."""
+        self._jobs[key].emit(text)
+
     def _run(self) -> None:
         o = self.o
         vad = vad_settings(o["vad"], o["vad_options"])
         results = self.asr.transcriber.transcribe_many(self._sources(), o["prompt"], o["max_new_tokens"], vad=vad,
-                                                       in_order=False, partial=self._partial,
+                                                       in_order=False, partial=self._partial, preview=self._preview,
                                                        dropped=lambda key: self._jobs[key].cancelled.is_set())
         for key, result, seconds in results:
             job = self._jobs.pop(key)
@@ -306,32 +310,29 @@ def add_realtime(app, s: Served, api_key: str | None) -> None:
 
 
 async def transcript_events(request: Request, job: Job):
-    """OpenAI's transcription stream (server-sent events): a transcript.text.delta a segment, as
-    soon as it and those before it are decoded, then transcript.text.done with the whole text
-    (the deltas joined) and the tokens used; a failure ends it with an error event. A client
-    that goes away cancels the job."""
+    """OpenAI's transcription stream (server-sent events): transcript.text.delta events as a
+    segment's tokens come (once those before it are decoded; with the loop guard on, a segment
+    at a time, as a retry may change it), then transcript.text.done with the whole text (the
+    deltas joined) and the tokens used; a failure ends it with an error event. A client that
+    goes away cancels the job."""
     def event(payload: dict) -> str:
         return "data: " + json.dumps(payload, ensure_ascii=False) + "\n\n"
 
     job.future.add_done_callback(lambda _: job.emit(None))     # after the last segment: the end
-    segments, text, used_in, used_out = [], "", 0, 0
+    deltas = Deltas()
     try:
         while (item := await _next(request, job)) is not None:
-            segment, prompt_tokens, new_tokens = item
-            segments.append(segment)
-            used_in, used_out = used_in + prompt_tokens, used_out + new_tokens
-            now = join_text(segments)
-            if len(now) > len(text):
-                yield event({"type": "transcript.text.delta", "delta": now[len(text):]})
-                text = now
+            if delta := deltas.add(item):
+                yield event({"type": "transcript.text.delta", "delta": delta})
         try:
             final = join_text([asdict(s) for s in job.future.result().segments])
         except Exception as e:  # noqa: BLE001 - the headers are gone: said in the stream
             yield event({"error": {"message": str(e), "type": "invalid_request_error", "param": "file",
                                    "code": "invalid_audio"}})
             return
-        if final != text and final.startswith(text):
-            yield event({"type": "transcript.text.delta", "delta": final[len(text):]})
+        if final != deltas.text and final.startswith(deltas.text):
+            yield event({"type": "transcript.text.delta", "delta": final[len(deltas.text):]})
+        used_in, used_out = deltas.used_in, deltas.used_out
         yield event({"type": "transcript.text.done", "text": final,
                      "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,
                                "total_tokens": used_in + used_out}})

@@ -185,3 +185,27 @@ def join_text(segments: list[dict]) -> str:
             out += " "
         out += t
     return out
+
+
+class Deltas:
+    """A streamed transcription's text as it comes (the servers' stream and realtime events):
+    add() takes a decoded segment (segment, prompt tokens, new tokens) or the next segment's text
+    so far (a str) and returns what the joined text grew by ('' for nothing), so that the deltas
+    join to join_text of the segments; tokens used are counted."""
+
+    def __init__(self):
+        self.segments: list[dict] = []
+        self.text, self.used_in, self.used_out = "", 0, 0
+
+    def add(self, item) -> str:
+        if isinstance(item, str):
+            now = join_text(self.segments + [{"text": item}])
+        else:
+            segment, prompt_tokens, new_tokens = item
+            self.segments.append(segment)
+            self.used_in, self.used_out = self.used_in + prompt_tokens, self.used_out + new_tokens
+            now = join_text(self.segments)
+        if len(now) <= len(self.text) or not now.startswith(self.text):
+            return ""
+        delta, self.text = now[len(self.text):], now
+        return delta
