@@ -256,15 +256,18 @@ def test_gpt_16_concurrent(gpt_server, gpt_ckpt):
     assert 'gpt_request_latency_seconds_count{endpoint="/v1/completions"}' in text
 
 
-def test_gpt_requests_share_the_running_batch(gpt_server):
+def test_gpt_requests_share_the_running_batch(request, tmp_path_factory):
     """Concurrent streams decode together (continuous batching): every stream has its first text
-    before any of them has finished, where one request at a time would finish each first."""
+    before any of them has finished, where one request at a time would finish each first. (400
+    tokens each: 60 of the tiny model took less than the requests' arrivals spread.)"""
+    ckpt = make_gpt2(tmp_path_factory.mktemp("srv_gpt_long") / "tiny", n_positions=512)
+    server = start(request, "gpt.serve", [f"model.path={ckpt}"], tmp_path_factory.mktemp("gpt_long_tmp"))
     first, last = [None] * 4, [None] * 4
-    clients, ready = [gpt_server.client() for _ in range(4)], threading.Barrier(4, timeout=60)
+    clients, ready = [server.client() for _ in range(4)], threading.Barrier(4, timeout=60)
 
     def one(i):     # clients built beforehand and released together: a slow start is not a late request
         ready.wait()
-        stream = clients[i].completions.create(model="tiny", prompt=f"To be {i}", max_tokens=60, temperature=0,
+        stream = clients[i].completions.create(model="tiny", prompt=f"To be {i}", max_tokens=400, temperature=0,
                                                stream=True)
         for ch in stream:
             if ch.choices and ch.choices[0].text and first[i] is None:
@@ -500,17 +503,19 @@ def test_asr_sigterm_drains(request, tiny, sounds, tmp_path_factory):
 
 
 def test_asr_stream_events_join_to_the_text(asr_server):
-    """stream=true: OpenAI's transcript.text.delta events, one a segment as it is decoded, then
-    transcript.text.done; the deltas join to its text, which is the non-streamed response's."""
+    """stream=true: OpenAI's transcript.text.delta events as a segment's tokens come (more than
+    one a segment), then transcript.text.done; the deltas join to its text, which is the
+    non-streamed response's."""
     pauses = ROOT / "tests/asr/fixtures/pause3s.flac"       # two sentences 3 s apart: two segments
     c = asr_server.client()
     with open(pauses, "rb") as f:
-        want = c.audio.transcriptions.create(model="tinyasr", file=f).text
+        whole = c.audio.transcriptions.create(model="tinyasr", file=f, response_format="verbose_json")
+    want = whole.text
     with open(pauses, "rb") as f:
         events = list(c.audio.transcriptions.create(model="tinyasr", file=f, stream=True))
     kinds = [e.type for e in events]
     assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
-    assert len(kinds) >= 3                                    # a delta a segment
+    assert len(whole.segments) == 2 and len(kinds) - 1 > 2, kinds       # deltas within a segment
     assert "".join(e.delta for e in events[:-1]) == events[-1].text == want
     assert events[-1].usage.output_tokens > 0 and events[-1].usage.input_tokens > 0
     with open(pauses, "rb") as f, pytest.raises(openai.BadRequestError) as e:
