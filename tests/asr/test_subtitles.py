@@ -133,3 +133,15 @@ def test_deltas_only_grow_and_join_to_the_segments_text():
     segs = [{"text": "Hello world."}, {"text": "你好"}, {"text": ", friend"}]
     assert "".join(sent) == d.text == join_text(segs) == "Hello world. 你好, friend"
     assert sent[:2] == ["Hel", "lo wor"] and sent[4] == "" and (d.used_in, d.used_out) == (31, 9)
+
+
+def test_deltas_go_on_past_a_segment_that_parts_from_its_preview():
+    """A segment whose text is no extension of what its previews sent (a tokenizer whose prefix
+    decodes differently) does not stall the stream: its deltas go on from where the two part."""
+    from glm_asr.subtitles import Deltas
+
+    d = Deltas()
+    assert d.add("John '") == "John '"
+    assert d.add(({"text": "John's dog."}, 5, 4)) == "'s dog."        # the two part after "John"
+    assert d.add("And") == " And" and d.text == "John's dog. And"
+    assert d.add(({"text": "And then"}, 5, 2)) == " then"

@@ -50,6 +50,11 @@ def test_tokenizer_round_trip_and_streaming(ckpt):
     stream = TextStream(tok)
     pieces = [stream.push(i) for i in ids]
     assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+    eot = tok.token_to_id("<|endoftext|>")
+    for skip in (False, True):                  # special tokens kept, or skipped as decode skips them
+        stream = TextStream(tok, skip_special_tokens=skip)
+        pieces = [stream.push(i) for i in [*ids, eot, *ids]]
+        assert stream.text == tok.decode([*ids, eot, *ids], skip_special_tokens=skip) == "".join(pieces)
 
 
 def test_generate_batch_seed_and_stop(ckpt):

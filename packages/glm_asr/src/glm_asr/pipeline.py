@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from tilekernels.runtime import CheckpointError, Completion, Engine, Request, Sampling, check_length, freeze_heap, \
-    generate, load_tokenizer, using, warm_up
+from tilekernels.runtime import CheckpointError, Completion, Engine, Request, Sampling, TextStream, check_length, \
+    freeze_heap, generate, load_tokenizer, using, warm_up
 from tilekernels.runtime.profile import stage
 
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
@@ -70,6 +70,7 @@ class _File:
     instruction: str | None = None          # its own (None: the run's)
     temperatures: dict = field(default_factory=dict)    # window index -> the temperature kept
     attempts: dict = field(default_factory=dict)        # window index -> [(ratio, avg_logprob, attempt, tokens)]
+    preview: tuple | None = None    # (request, TextStream, tokens read): the next segment's text so far
 
     @property
     def complete(self) -> bool:
@@ -373,9 +374,15 @@ class Transcriber:
                 self._show(f, partial)
         for index, r in growing.items():
             f = flight.files[index]
-            if not r.finished and r.tag[1] == f.shown:
-                text = self.tok.decode([int(t) for t in r.out.tokens], skip_special_tokens=True)
-                preview(f.name, text.rstrip("\ufffd"))      # a character's bytes not all there yet
+            if r.finished or r.tag[1] != f.shown:
+                continue
+            if f.preview is None or f.preview[0] is not r:     # a character's bytes wait for the rest
+                f.preview = (r, TextStream(self.tok, skip_special_tokens=True), 0)
+            _, text, seen = f.preview
+            grew = "".join(text.push(t) for t in r.out.tokens[seen:])
+            f.preview = (r, text, len(r.out.tokens))
+            if grew:
+                preview(f.name, text.text)
 
     def _retried(self, r: Request, f: _File) -> bool:
         """Keep a finished attempt's tokens as its window's text, or queue the next attempt (the

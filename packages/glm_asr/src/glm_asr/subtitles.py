@@ -9,6 +9,8 @@ and its last ends at the segment's end.
 """
 from __future__ import annotations
 
+import os
+
 import unicodedata
 
 MAX_WIDTH = 42               # columns per line
@@ -191,21 +193,27 @@ class Deltas:
     """A streamed transcription's text as it comes (the servers' stream and realtime events):
     add() takes a decoded segment (segment, prompt tokens, new tokens) or the next segment's text
     so far (a str) and returns what the joined text grew by ('' for nothing), so that the deltas
-    join to join_text of the segments; tokens used are counted."""
+    join to join_text of the segments; tokens used are counted. A preview that does not extend
+    the text sent is held back; a segment that does not (a tokenizer whose text of a prefix is no
+    prefix of the whole's) goes on from where the two part, rather than stall the stream."""
 
     def __init__(self):
-        self.segments: list[dict] = []
+        self.done = ""                  # join_text of the segments so far
         self.text, self.used_in, self.used_out = "", 0, 0
 
     def add(self, item) -> str:
         if isinstance(item, str):
-            now = join_text(self.segments + [{"text": item}])
+            now = join_text([{"text": self.done}, {"text": item}])
+            if not now.startswith(self.text):
+                return ""
         else:
             segment, prompt_tokens, new_tokens = item
-            self.segments.append(segment)
             self.used_in, self.used_out = self.used_in + prompt_tokens, self.used_out + new_tokens
-            now = join_text(self.segments)
-        if len(now) <= len(self.text) or not now.startswith(self.text):
+            now = self.done = join_text([{"text": self.done}, segment])
+            if not now.startswith(self.text):
+                start, self.text = len(os.path.commonprefix([now, self.text])), now
+                return now[start:]
+        if len(now) <= len(self.text):
             return ""
         delta, self.text = now[len(self.text):], now
         return delta

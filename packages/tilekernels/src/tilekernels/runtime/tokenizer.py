@@ -25,13 +25,14 @@ def load_tokenizer(directory: Path):
 
 class TextStream:
     """Turns one sequence's token ids into text pieces as they come; a multi-byte
-    character split over several tokens is held back until it is complete."""
+    character split over several tokens is held back until it is complete. skip_special_tokens:
+    as the tokenizer's decode."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = False):
         from tokenizers.decoders import DecodeStream
 
         self.tokenizer = tokenizer
-        self.stream = DecodeStream(skip_special_tokens=False)
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.text = ""
 
     def push(self, token: int) -> str:
