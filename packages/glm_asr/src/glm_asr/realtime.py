@@ -16,8 +16,8 @@ a frame); `input_audio_buffer.speech_started` where speech begins, and for each 
 later audio can change it `speech_stopped`, `committed` (an item a segment) and its
 transcription, decoded as a file's segment is. A commit ends the stream there (as a file ends).
 
-Each item's text comes as `conversation.item.input_audio_transcription.delta` events as its
-segments are decoded, then `.completed` with the transcript, the tokens used (`usage`) and its
+Each item's text comes as `conversation.item.input_audio_transcription.delta` events as it is
+decoded (a segment at a time with the loop guard on), then `.completed` with the transcript, the tokens used (`usage`) and its
 segments' times (in the stream's time), or `.failed`. Bad events get OpenAI's `error` event; the
 session goes on.
 """

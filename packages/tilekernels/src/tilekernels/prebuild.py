@@ -35,7 +35,8 @@ def manifests(target: str) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the listed kernels into the cache now, so that a model's first run loads them instead of
-    compiling them (with --arch no GPU is needed); the exit status is 1 if any failed."""
+    compiling them (with --arch no GPU is needed); without --arch each package's warm-up runs
+    after (PACKAGE.warmup). The exit status is 1 if a kernel or a warm-up failed."""
     import argparse
     import re
 
