@@ -78,3 +78,13 @@ def test_prebuild_warms_up_only_for_this_machines_gpu(monkeypatch, capsys):
     monkeypatch.setattr(prebuild, "warm_up", lambda targets: ran.append(targets) or 1)
     assert prebuild.main(["glm_asr", "--arch", "sm_90"]) == 0 and ran == []
     assert prebuild.main(["glm_asr", "gpt"]) == 1 and ran == [["glm_asr", "gpt"]]
+
+
+def test_the_synthetic_checkpoint_command_fails_in_one_line(tmp_path):
+    """python -m glm_asr.synthetic DIR: a folder it cannot make is one line and exit 1."""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    r = subprocess.run([sys.executable, "-m", "glm_asr.synthetic", str(blocked / "ckpt")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,9 +124,20 @@ def speechlike(seconds: float, seed: int = 0) -> np.ndarray:
     return (x + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m glm_asr.synthetic", description=__doc__.splitlines()[0])
-    ap.add_argument("out")
-    ap.add_argument("--shards", type=int, default=1)
-    args = ap.parse_args()
-    print(write_checkpoint(Path(args.out), args.shards))
+    ap.add_argument("out", help="the checkpoint's folder (made if missing)")
+    ap.add_argument("--shards", type=int, default=1, help="safetensors files (with an index past 1)")
+    args = ap.parse_args(argv)
+    if args.shards < 1:
+        ap.error(f"--shards {args.shards}: at least 1")
+    try:
+        print(write_checkpoint(Path(args.out), args.shards))
+    except OSError as e:
+        print(f"error: {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
