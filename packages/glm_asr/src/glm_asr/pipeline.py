@@ -73,6 +73,11 @@ class _File:
     preview: tuple | None = None    # (request, TextStream, tokens read): the next segment's text so far
 
     @property
+    def guarded(self) -> bool:
+        """Whether its loop guard is on (a window may be decoded again, its text changed)."""
+        return self.fallback is not None and len(self.fallback.temperatures) > 1
+
+    @property
     def complete(self) -> bool:
         return self.error is not None or (self.total is not None and len(self.texts) == self.total)
 
@@ -362,8 +367,7 @@ class Transcriber:
             if f is None:
                 continue
             if not ev.finished:
-                if preview is not None and f.show and n == f.shown and (f.fallback is None or
-                                                                        len(f.fallback.temperatures) == 1):
+                if preview is not None and f.show and n == f.shown and not f.guarded:
                     growing[index] = ev.request
                 continue
             if self._retried(ev.request, f):
@@ -389,7 +393,7 @@ class Transcriber:
         loop guard, Fallback): whether it was queued again."""
         _, n, w, attempt = r.tag
         tokens, g, score = [t for t in r.out.tokens if t not in r.eos], f.fallback, avg_logprob(r.out)
-        if g is None or len(g.temperatures) == 1:
+        if not f.guarded:
             f.texts[n], f.scores[n], f.temperatures[n] = tokens, score, 0.0 if g is None else g.temperatures[0]
             return False
         ratio = compression_ratio(self.tok.decode(tokens, skip_special_tokens=True).strip())

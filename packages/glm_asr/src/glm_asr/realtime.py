@@ -17,9 +17,9 @@ later audio can change it `speech_stopped`, `committed` (an item a segment) and 
 transcription, decoded as a file's segment is. A commit ends the stream there (as a file ends).
 
 Each item's text comes as `conversation.item.input_audio_transcription.delta` events as it is
-decoded (a segment at a time with the loop guard on), then `.completed` with the transcript, the tokens used (`usage`) and its
-segments' times (in the stream's time), or `.failed`. Bad events get OpenAI's `error` event; the
-session goes on.
+decoded (a segment at a time with the loop guard on), then `.completed` with the transcript, the
+tokens used (`usage`) and its segments' times (in the stream's time), or `.failed`. Bad events get
+OpenAI's `error` event; the session goes on.
 """
 from __future__ import annotations
 

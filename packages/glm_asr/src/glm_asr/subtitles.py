@@ -10,7 +10,6 @@ and its last ends at the segment's end.
 from __future__ import annotations
 
 import os
-
 import unicodedata
 
 MAX_WIDTH = 42               # columns per line
