@@ -6,7 +6,7 @@
 Full-size GLM-ASR-Nano config with seeded random weights saved as the hub's checkpoint (bfloat16
 values) and a word-level tokenizer carrying GLM-ASR's special tokens at their ids, loaded by
 Transcriber.load as the CLI loads a checkpoint. Inputs are synthetic speech-like audio
-(benchlib.synthetic_speechlike), one seed a file. Every 30 s window generates exactly NEW tokens
+(glm_asr.synthetic.speechlike), one seed a file. Every 30 s window generates exactly NEW tokens
 (end-of-sequence ignored) on both sides, so both do the same work.
 
 - bulk: --files files of 30 s (NEW, and for the first precision also 2 x NEW, tokens a window) through
@@ -46,7 +46,8 @@ import cupy
 import numpy as np
 
 from benchlib import (glm_prompt_ids, gpu_name, markdown_table, random_glm_asr_checkpoint, speech_dense,
-                      synthetic_speechlike, versions, word_tokenizer, write_result)
+                      versions, word_tokenizer, write_result)
+from glm_asr.synthetic import speechlike
 
 NEW = 64
 PASSES = 3          # timed passes a figure (their median), after a pass that compiles and captures
@@ -169,7 +170,7 @@ def dask_vs_cli(files: int, out: str | None) -> None:
         word_tokenizer(ckpt, hf.config)
         del hf
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: soundfile.write(audio / f"{i:04d}.flac", synthetic_speechlike(30.0, seed=i), 16000),
+            list(pool.map(lambda i: soundfile.write(audio / f"{i:04d}.flac", speechlike(30.0, seed=i), 16000),
                           range(files)))
         opts = [f"model.path={ckpt}", f"max_new_tokens={NEW}", "vad=none", "output_format=json"]
         command(["glm_asr.transcribe", str(audio), f"output_dir={tmp}/warm", *opts])   # fills the kernel cache
@@ -227,7 +228,7 @@ def main():
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    audios = [synthetic_speechlike(30.0, seed=s) for s in range(args.files)]
+    audios = [speechlike(30.0, seed=s) for s in range(args.files)]
     seconds = 30.0 * args.files
     rows = []
 

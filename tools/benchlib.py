@@ -42,13 +42,6 @@ def versions() -> dict:
     return out
 
 
-def synthetic_speechlike(seconds: float, seed: int = 0):
-    """Speech-like 16 kHz float32 audio (glm_asr.synthetic.speechlike)."""
-    from glm_asr.synthetic import speechlike
-
-    return speechlike(seconds, seed)
-
-
 def speech_dense(seconds: float = 29.0, seed: int = 0):
     """Speech from start to end (16 kHz float32): the espeak-ng sentences of the test fixtures
     (tests/asr/fixtures) one after another in a seeded order, 0.2-0.6 s apart, over their noise,

@@ -11,7 +11,7 @@ that the clients' own Python is not what is measured), each sending requests bac
 - gpt: POST /v1/completions, 128-token prompts (token ids), 128 new tokens (eos cannot end them:
   `stop` empty, temperature 0 on random weights), streamed; tokens/s aggregate, time to first
   token p50/p99;
-- asr: POST /v1/audio/transcriptions, 30 s of speech-like audio (benchlib.synthetic_speechlike)
+- asr: POST /v1/audio/transcriptions, 30 s of speech-like audio (glm_asr.synthetic.speechlike)
   as FLAC, max_new_tokens 64 (the server's default, set at start); real-time factor aggregate
   (audio seconds / wall seconds), latency p50/p99;
 - stream: one upload of --stream-minutes (10) of speech with pauses (as live's) as FLAC with
@@ -54,7 +54,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchlib import gpu_name, served_checkpoint, synthetic_speechlike, versions, write_result
+from benchlib import gpu_name, served_checkpoint, versions, write_result
+from glm_asr.synthetic import speechlike
 
 
 def free_port() -> int:
@@ -420,7 +421,7 @@ def main() -> None:
                 import soundfile as sf
 
                 buf = io.BytesIO()
-                sf.write(buf, synthetic_speechlike(30.0), 16000, format="FLAC")
+                sf.write(buf, speechlike(30.0), 16000, format="FLAC")
                 payload = buf.getvalue()
             proc, url = start(module, [f"model.path={ckpt}", f"device={args.device}", *extra], tmp)
             try:

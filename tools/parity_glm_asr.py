@@ -37,8 +37,9 @@ import numpy as np
 
 import tilekernels as tk
 
-from benchlib import glm_prompt_ids, gpu_name, random_glm_asr_checkpoint, synthetic_speechlike, versions, write_result
+from benchlib import glm_prompt_ids, gpu_name, random_glm_asr_checkpoint, versions, write_result
 from glm_asr.features import audio_tokens, log_mel, valid_frames
+from glm_asr.synthetic import speechlike
 from glm_asr.model import GlmAsr
 from glm_asr.pipeline import decode
 from tilekernels.runtime import Engine, set_precision
@@ -106,7 +107,7 @@ def cpu_parity() -> None:
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)
         ours = GlmAsr.load(Path(d), "cpu")
-    audio = synthetic_speechlike(6.0)
+    audio = speechlike(6.0)
     feat = log_mel(audio)
     frames = valid_frames(len(audio))
     n = audio_tokens(frames)
@@ -145,7 +146,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
 
-    audio = synthetic_speechlike(args.seconds)
+    audio = speechlike(args.seconds)
     fe = WhisperFeatureExtractor(feature_size=128)
     ref_feat = fe(audio, sampling_rate=16000, return_tensors="np")["input_features"][0]
     ours_feat = log_mel(audio)
