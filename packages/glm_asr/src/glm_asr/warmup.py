@@ -1,9 +1,12 @@
 """python -m glm_asr.warmup: a first run's one-time work done at install (tilekernels.prebuild runs it
-once the kernels are built). A one-layer model of GLM-ASR-Nano's sizes (glm_asr.synthetic) transcribes
-30 s of speech-like audio from a FLAC file on this machine's GPU, with vad silero and none, so that
-CuPy compiles and caches its own kernels (weight preparation, features, the VAD) and Python writes the
-bytecode of what a transcription imports. The model's kernels are those of the kernel list (their
-shapes do not depend on the depth), loaded from the cubin cache. Only those caches are kept."""
+once the kernels are built). A model of GLM-ASR-Nano's sizes (glm_asr.synthetic), one encoder layer
+and two decoder layers, transcribes 30 s of speech-like audio from a FLAC file on this machine's GPU,
+with vad silero and none, so that CuPy compiles and caches its own kernels (weight preparation,
+features, the VAD, the cache's copies) and Python writes the bytecode of what a transcription
+imports. The model's kernels are those of the kernel list (their shapes do not depend on the depth),
+loaded from the cubin cache. CuPy's can: a prompt's keys go into its slot through a view of every
+layer's cache, and one layer's view has a dimension fewer (another copy kernel). Only those caches
+are kept."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +16,7 @@ from pathlib import Path
 
 
 def warm(device: str = "gpu", **sizes) -> list[str]:
-    """Transcribe speech-like audio with a one-layer model of `sizes` (glm_asr.synthetic's keywords;
+    """Transcribe speech-like audio with a two-layer model of `sizes` (glm_asr.synthetic's keywords;
     default GLM-ASR-Nano's) on `device`, vad silero then none; the two texts."""
     import soundfile as sf
 
@@ -22,7 +25,7 @@ def warm(device: str = "gpu", **sizes) -> list[str]:
 
     with tempfile.TemporaryDirectory(prefix="glm_asr.warmup.") as scratch:
         model, audio = Path(scratch, "model"), Path(scratch, "speech.flac")
-        write_checkpoint(model, enc_layers=1, dec_layers=1, dtype="bfloat16", **(sizes or NANO))
+        write_checkpoint(model, enc_layers=1, dec_layers=2, dtype="bfloat16", **(sizes or NANO))
         sf.write(audio, speechlike(30.0), 16000)
         asr = load(str(model), device=device)
         texts = [asr.transcribe(audio, vad=vad, max_new_tokens=8).text for vad in ("silero", "none")]
