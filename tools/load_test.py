@@ -342,7 +342,7 @@ def live_round(url: str, c: int, seconds: float, tokens: int) -> dict:
 def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
     """One upload of `minutes` of speech with pauses as FLAC, `stream=true`: the time from the
     request's last byte sent to the first transcript.text.delta event, and to the done event
-    (a warm run first, then the median of `runs`)."""
+    (a warm run first, then the median of `runs`); whether every run's deltas joined to its text."""
     import http.client
     import urllib.parse
 
@@ -356,21 +356,23 @@ def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
                  for k, v in (("stream", "true"), ("temperature", "1"))) + f"--{BOUNDARY}--").encode())
     where = urllib.parse.urlsplit(url)
 
-    def once() -> tuple[float, float]:
+    def once() -> tuple[float, float, bool]:
         conn = http.client.HTTPConnection(where.hostname, where.port, timeout=600)
         conn.request("POST", "/v1/audio/transcriptions", body, {"content-type": ROUTES["asr"][1]})
-        sent, first = time.perf_counter(), None     # request() returns once the body is written
+        sent, first, deltas, text = time.perf_counter(), None, [], None     # request() returns once the body is written
         r = conn.getresponse()
         if r.status != 200:
             raise RuntimeError(f"stream: HTTP {r.status}: {r.read()[:300]!r}")
         for line in r:
-            if first is None and b'"transcript.text.delta"' in line:
-                first = time.perf_counter() - sent
+            if b'"transcript.text.delta"' in line:
+                first = time.perf_counter() - sent if first is None else first
+                deltas.append(json.loads(line.removeprefix(b"data:"))["delta"])
             if b'"transcript.text.done"' in line:
+                text = json.loads(line.removeprefix(b"data:"))["text"]
                 break
         done = time.perf_counter() - sent
         conn.close()
-        return first, done
+        return first, done, "".join(deltas) == text
 
     once()
     got = [once() for _ in range(runs)]
@@ -378,7 +380,8 @@ def stream_round(url: str, minutes: float, runs: int = 3) -> dict:
     return {"kind": "stream", "audio_s": 60 * minutes, "upload_bytes": len(body),
             "first_delta_after_upload_s": round(statistics.median(firsts), 4) if firsts else None,
             "done_after_upload_s": round(statistics.median(g[1] for g in got), 4),
-            "runs": [[None if a is None else round(a, 4), round(b, 4)] for a, b in got]}
+            "deltas_join_to_text": all(g[2] for g in got),
+            "runs": [[None if a is None else round(a, 4), round(b, 4)] for a, b, _ in got]}
 
 
 def main() -> None:
