@@ -16,7 +16,8 @@ def test_gpu_matches_cpu(tiny, poisoned, rng):
     cpu, gpu = GlmAsr.load(tiny, "cpu"), GlmAsr.load(tiny, "gpu")
     # the checkpoint holds bfloat16 values: the text decoder's matrices stay bfloat16 on the GPU
     layer = gpu.w["decoder"][0]
-    assert {a[0].dtype for a in (layer.qkv, layer.o, layer.fc1, layer.fc2)} | {gpu.w["lm_head"].dtype} == {tk.weights.BF16}
+    dtypes = {a[0].dtype for a in (layer.qkv, layer.o, layer.fc1, layer.fc2)} | {gpu.w["lm_head"].dtype}
+    assert dtypes == {tk.weights.BF16}
     assert gpu.w["encoder"][0].fc1[0].dtype == np.float32
     w = windows((rng.standard_normal(16000 * 4) * 0.1).astype(np.float32))[0]
     a = cpu.encode(w.features[None])
@@ -120,7 +121,7 @@ def test_vad_on_the_gpu_finds_the_cpus_segments(tiny):
 
 
 def test_the_install_warm_up_runs_on_the_gpu(capfd):
-    """python -m tilekernels.prebuild glm_asr's last step: a one-layer model of the real sizes transcribes
+    """python -m tilekernels.prebuild glm_asr's last step: a two-layer model of the real sizes transcribes
     on the GPU (its kernels from the kernel list) and says how long it took."""
     from glm_asr import warmup
 

@@ -28,8 +28,8 @@ def test_a_bfloat16_checkpoint_holds_the_float32_ones_values(tmp_path):
         assert a[k].ndim == 1 or np.array_equal(a[k], b[k].astype(np.float32)), k
 
 
-def test_the_warm_up_transcribes_with_a_one_layer_model(monkeypatch):
-    """What the install runs on the GPU, here on the CPU at tiny sizes: a one-layer bfloat16
+def test_the_warm_up_transcribes_with_a_two_layer_model(monkeypatch):
+    """What the install runs on the GPU, here on the CPU at tiny sizes: a two-layer bfloat16
     checkpoint, both VAD modes, and a text from each."""
     import glm_asr
 
