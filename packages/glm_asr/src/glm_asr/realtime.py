@@ -381,11 +381,9 @@ class Session:
                     await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item,
                                      "content_index": 0, "delta": delta})
             result = job.future.result()
-            used_in, used_out = deltas.used_in, deltas.used_out
             await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                              "content_index": 0, "transcript": result.text,
-                             "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,
-                                       "total_tokens": used_in + used_out},
+                             "usage": deltas.usage(),
                              "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in result.segments]})
         except Exception as e:  # noqa: BLE001 - the item failed (bad audio, a full queue): said, the session goes on
             await self.send({"type": "conversation.item.input_audio_transcription.failed", "item_id": item,

@@ -332,10 +332,7 @@ async def transcript_events(request: Request, job: Job):
             return
         if final != deltas.text and final.startswith(deltas.text):
             yield event({"type": "transcript.text.delta", "delta": final[len(deltas.text):]})
-        used_in, used_out = deltas.used_in, deltas.used_out
-        yield event({"type": "transcript.text.done", "text": final,
-                     "usage": {"type": "tokens", "input_tokens": used_in, "output_tokens": used_out,
-                               "total_tokens": used_in + used_out}})
+        yield event({"type": "transcript.text.done", "text": final, "usage": deltas.usage()})
     except ClientGone:
         return
     finally:

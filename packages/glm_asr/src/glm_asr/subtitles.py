@@ -216,3 +216,8 @@ class Deltas:
             return ""
         delta, self.text = now[len(self.text):], now
         return delta
+
+    def usage(self) -> dict:
+        """The tokens used so far, in OpenAI's transcription `usage` shape."""
+        return {"type": "tokens", "input_tokens": self.used_in, "output_tokens": self.used_out,
+                "total_tokens": self.used_in + self.used_out}
