@@ -33,3 +33,26 @@ def test_committed_results_are_written_so_and_indexed(path):
     text = path.read_text()
     assert benchlib.result_json(json.loads(text)) == text
     assert f"`{path.name}`" in INDEX
+
+
+def _codes(node):
+    """Every "code" value in a result (the payload's and its rows')."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "code" and isinstance(value, str):
+                yield value
+            else:
+                yield from _codes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _codes(value)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
+def test_code_fields_name_a_commit_and_a_date(path):
+    """A figure's "code" names the commit measured and the date ("1070c0c, 2026-12-07", a note may
+    follow), never a working period."""
+    import re
+
+    for code in _codes(json.loads(path.read_text())):
+        assert re.match(r"[0-9a-f]{7,40}, \d{4}-\d\d-\d\d\b", code), code
