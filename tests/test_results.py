@@ -2,6 +2,7 @@
 line), listed in benchmarks/results/index.md (CPU, instant)."""
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,5 @@ def _codes(node):
 def test_code_fields_name_a_commit_and_a_date(path):
     """A figure's "code" names the commit measured and the date ("1070c0c, 2026-12-07", a note may
     follow), never a working period."""
-    import re
-
     for code in _codes(json.loads(path.read_text())):
         assert re.match(r"[0-9a-f]{7,40}, \d{4}-\d\d-\d\d\b", code), code
