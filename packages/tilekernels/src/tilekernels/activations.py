@@ -135,7 +135,7 @@ def activation_kernel(X, U, Y, TILE: ConstInt, ACT: ConstInt, GATED: ConstBool):
     ct.store(Y, index=(i,), tile=like(Y, y))
 
 
-ELEMENTWISE_TILE = 4096
+ELEMENTWISE_TILE = 1024     # elements a block: as fast as 4096 or faster for each activation (docs/performance.md)
 
 
 def _activation_cupy(x, u, code, out=None):

@@ -315,8 +315,9 @@ def decode_kernel(Q, K, V, KN, VN, O, PO, PM, PL, C, KS, KL, COS, SIN, scale_log
 
 
 # Blocks an SM, chosen by the grid's size (the arithmetic is the same whatever the hint). A
-# bfloat16 cache: one while the pairs take at most half the SMs, else two, or four at D <= 64
-# past two pairs an SM. A float32 cache keeps one (at two the merged output at D = 128 came out
+# bfloat16 cache: one block an SM while the pairs take at most half the SMs, else two; at D <= 64
+# four there and past two pairs an SM (that copy compiles without the others' register spills:
+# docs/performance.md). A float32 cache keeps one (at two the merged output at D = 128 came out
 # wrong now and then under tileiras 13.4.92).
 decode_kernel_occupancy2 = decode_kernel.replace_hints(occupancy=2)
 decode_kernel_occupancy4 = decode_kernel.replace_hints(occupancy=4)
@@ -332,9 +333,11 @@ def chunks_a_block(pairs: int, sms: int) -> int:
 def decode_kernel_for(itemsize: int, d: int, pairs: int, sms: int):
     """The decode kernel's copy (blocks an SM) for a cache of itemsize bytes a value, head dim d,
     `pairs` (sequence, KV head) pairs in the grid and sms multiprocessors."""
-    if itemsize == 4 or 2 * pairs <= sms:
+    if itemsize == 4:
         return decode_kernel
-    return decode_kernel_occupancy4 if d <= 64 and pairs > 2 * sms else decode_kernel_occupancy2
+    if d <= 64 and (2 * pairs <= sms or pairs > 2 * sms):
+        return decode_kernel_occupancy4
+    return decode_kernel if 2 * pairs <= sms else decode_kernel_occupancy2
 
 
 def decode_cupy(q, k, v, kv_start, kv_len, scale_log2: float, new=None, rope=None, rows: bool = False,

@@ -35,7 +35,7 @@ from ._arrays import (backend, check, inputs_ready, last_block_counters, last_in
 from ._reduce import pairwise_row_sums, sums2
 from .activations import SILU, activation_code, apply_activation_reference, tile_activation
 from .norm import LayerNorm, RMSNorm
-from .precision import BF16 as BF16_MMA, mma, mma_mode, operand
+from .precision import BF16 as BF16_MMA, TF32X3, mma, mma_mode, operand
 from .tiling import NARROW_ROWS, REDUCE_TILE, skinny_block_n, skinny_block_k, skinny_splits, linear_plan
 from .weights import BF16, WEIGHT_DTYPES, bf16, empty, f32, like, narrow, result_dtype, to_bf16, widen
 from .interop import any_array
@@ -331,7 +331,7 @@ def splitk_reduce_kernel(P, Bias, R, Y, TILE_N: ConstInt, HAS_BIAS: ConstBool, A
 MERGE_LOADS = 4                      # split partials the skinny kernel's merging block loads at once
 
 
-# bfloat16 operands run faster two blocks an SM than one (docs/performance.md): the BF16 mode launches this copy
+# bfloat16 operands and 3xTF32's 64-row tiles run faster two blocks an SM than one (docs/performance.md)
 linear_kernel_occupancy2 = linear_kernel.replace_hints(occupancy=2)
 # one block an SM while a skinny grid's blocks fit the SMs (its TMA pipeline gets the SM's shared
 # memory: faster at 1 and 32 rows), two where more blocks than SMs take turns (faster at 64 rows).
@@ -366,7 +366,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     rms = isinstance(norm, RMSNorm)
     foldable = norm is not None and (rms or not norm.affine)      # the skinny kernel can apply it
     plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
-                       foldable and not rms)
+                       foldable and not rms, mode == TF32X3)
     in_kernel = foldable and plan[0] != "tiles"
     if norm is not None and not in_kernel:
         x2 = norm(x2, out_dtype=BF16 if mode == BF16_MMA else np.float32)
@@ -402,7 +402,8 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
-        kernel = linear_kernel_occupancy2 if mode == BF16_MMA else linear_kernel
+        two_an_sm = mode == BF16_MMA or (mode == TF32X3 and not glu)
+        kernel = linear_kernel_occupancy2 if two_an_sm else linear_kernel
         if split == 1:
             launch(grid, kernel, (x2, w, w2, b, r, y, per, tm, tn, tk, *flags, False, mode))
         else:

@@ -12,6 +12,9 @@ LARGE_M = (128, 128, 32)     # (TILE_M, TILE_N, TILE_K)
 GLU_LARGE_M = (128, 64, 32)  # two accumulators
 BF16_LARGE_M = (128, 128, 64)     # bfloat16 operands: half the bytes a tile, twice the K
 BF16_GLU_LARGE_M = (128, 64, 64)
+# 3xTF32 ('highest'): 128 x 128 tiles spilled registers (the TF32 splits of both operands beside the
+# accumulator); 64 x 128 at two blocks an SM holds them (docs/performance.md)
+X3_LARGE_M = (64, 128, 32)
 # weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk;
 # twice the rows for bfloat16 weights of at least WIDE_N outputs (faster for wide products such as
 # GLM-ASR's gate/up and vocabulary head, slower for narrower ones)
@@ -112,7 +115,7 @@ def bf16_sequence_tiles(m: int, n: int, glu: bool, sms: int) -> tuple[int, int]:
 
 
 def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_mma: bool = False,
-                sequence: bool = False, itemsize: int = 4, layer_norm: bool = False):
+                sequence: bool = False, itemsize: int = 4, layer_norm: bool = False, x3: bool = False):
     """Which kernel and tiles for an (M, N outputs, K) product: ('skinny', tiles) or
     ('tiles', tiles, K tiles per split, splits).
 
@@ -123,11 +126,14 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     row is likewise the same whatever rows share the product. Split-K serves only the
     decode-shaped products of more than DECODE_ROWS rows whose output tiles cover under a
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
-    slower from half a wave up)."""
+    slower from half a wave up). x3: the product runs in 3xTF32 (X3_LARGE_M tiles but for a
+    gated unit)."""
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
     tm, tn, tk = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
-    if sequence and bf16_mma:
+    if x3 and not glu:
+        tm, tn, tk = X3_LARGE_M
+    elif sequence and bf16_mma:
         tm, tn = bf16_sequence_tiles(m, n, glu, sms)
     elif sequence and half_rows_finish_sooner(m, -(-n // tn), sms):
         tm = HALF_M
