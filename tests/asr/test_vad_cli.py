@@ -256,3 +256,39 @@ def test_the_gpu_loops_vad_gets_a_long_files_chunks_together(monkeypatch, tmp_pa
     for g, w in zip(got, want):
         assert (g.start_s, g.end_s) == (w.start_s, w.end_s)
         np.testing.assert_array_equal(g.features, w.features)
+
+
+def test_the_loop_hands_over_queued_vad_batches_in_order_once_the_gpu_has_them():
+    """The pipeline's loop queues the VAD on the GPU and goes on feeding the engine: _vad_answer
+    hands a batch's probabilities to its jobs only once done() (in queue order, so a finished batch
+    behind a running one waits), all of them with wait, and a batch that failed to its jobs."""
+    from types import SimpleNamespace
+
+    from glm_asr.pipeline import Transcriber
+    from glm_asr.reading import VadJob
+
+    class Queued:
+        def __init__(self, probs, ready=False, error=None):
+            self.probs, self.ready, self.error = probs, ready, error
+
+        def done(self):
+            return self.ready
+
+        def result(self):
+            if self.error is not None:
+                raise self.error
+            return self.probs
+
+    jobs = [[VadJob(np.zeros(1, np.float32)) for _ in range(n)] for n in (2, 1, 1)]
+    probs = [[np.full(3, i + 10 * b, np.float32) for i in range(len(js))] for b, js in enumerate(jobs)]
+    queued = [Queued(probs[0]), Queued(probs[1], ready=True), Queued(None, error=RuntimeError("bad"))]
+    loop = SimpleNamespace(_vad_queued=list(zip(jobs, queued)))
+    Transcriber._vad_answer(loop)
+    assert not any(j.done() for js in jobs for j in js) and len(loop._vad_queued) == 3
+    queued[0].ready = True
+    Transcriber._vad_answer(loop)
+    assert [j.done() for js in jobs for j in js] == [True, True, True, False] and len(loop._vad_queued) == 1
+    np.testing.assert_array_equal(jobs[0][1].result(), probs[0][1])
+    np.testing.assert_array_equal(jobs[1][0].result(), probs[1][0])
+    Transcriber._vad_answer(loop, wait=True)
+    assert not loop._vad_queued and isinstance(jobs[2][0].future.exception(), RuntimeError)

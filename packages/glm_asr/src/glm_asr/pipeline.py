@@ -27,7 +27,7 @@ from tilekernels.runtime.profile import stage
 from .features import FRAMES, WINDOW_SAMPLES, Window, audio_tokens, featurize, stream_windows
 from .model import GlmAsr
 from .reading import Readers, VadJob
-from .vad import VadOptions, device_probs, start_workers
+from .vad import VadOptions, queue_probs, start_workers
 
 ENCODER_BATCH = 8          # windows encoded together
 MAX_BATCH = 64             # windows decoding at once
@@ -180,6 +180,7 @@ class Transcriber:
         self.engine = Engine(self.model, max_batch, SLOT_POSITIONS, prefill_tokens=max_batch * WINDOW_PROMPT)
         self.encoder_batch = encoder_batch
         self._vad_stream = None
+        self._vad_queued: list = []     # (jobs, QueuedProbs) the GPU is running, oldest first
         self._encoded = None        # the event of the last encoder pass queued (GPU)
         self._busy, self._owner = threading.Lock(), None      # _turn: one call drives the engine
         pad = self.tok.token_to_id("<|pad|>")
@@ -223,6 +224,7 @@ class Transcriber:
             warm_up(self.engine, (SCORED,))
             if self.model.xp is not np:
                 self._vad([VadJob(np.zeros(WINDOW_SAMPLES, np.float32))])
+                self._vad_answer(wait=True)
             window = next(stream_windows([np.zeros(WINDOW_SAMPLES, np.float32)],
                                          self.model.config.encoder.num_mel_bins, None))
             for n in range(1, self.encoder_batch + 1):
@@ -286,9 +288,11 @@ class Transcriber:
                 # and the GPU has run the encoder passes queued so far (so too for stepping the engine
                 # before its batch is full): a prefill queued sooner would wait behind them anyway, and
                 # the windows read meanwhile join the same group, prefill and flow
+                self._vad_answer()
                 room, encoding = e.free, self._encoding()
                 full = min(self.encoder_batch, max(room, 1))
-                wait = 0.1 if not e.busy and not group and not encoding else POLL_S if encoding else 0.0
+                pending = encoding or bool(self._vad_queued)
+                wait = 0.1 if not e.busy and not group and not pending else POLL_S if pending else 0.0
                 jobs = self._gather(readers, flight, group, full, wait)
                 if jobs:
                     with stage("vad"):
@@ -307,6 +311,7 @@ class Transcriber:
                     self._decode_step(flight, progress, partial, preview)
                 yield from flight.finished(in_order, self._segments)
         finally:
+            self._vad_answer(wait=True)
             readers.close()             # readers give up within 0.1 s
             e.cancel_where()            # a consumer that stopped early leaves nothing running
 
@@ -419,25 +424,37 @@ class Transcriber:
             self.engine.cancel_where(lambda r: r.tag[0] in gone)
 
     def _vad(self, jobs: list[VadJob]) -> None:
-        """The speech probabilities of the readers' pending samples, all in one batch on a stream of
-        their own (the engine's decode steps in flight go on meanwhile); a batch that fails is
-        retried a job at a time, so that a bad input fails alone."""
+        """Queue the speech probabilities of the readers' pending samples, all in one batch on a
+        stream of their own (the engine's decode steps in flight go on meanwhile; _vad_answer hands
+        them over once the GPU has them); a batch that fails is queued again a job at a time, so
+        that a bad input fails alone."""
         import cupy
 
         if self._vad_stream is None:
             self._vad_stream = cupy.cuda.Stream(non_blocking=True)
         try:
             with self._vad_stream:
-                probs = device_probs([j.samples for j in jobs])
+                self._vad_queued.append((jobs, queue_probs([j.samples for j in jobs])))
         except Exception as e:      # noqa: BLE001 - handed to the readers
             if len(jobs) > 1:
                 for j in jobs:
                     self._vad([j])
             else:
                 jobs[0].future.set_exception(e)
-            return
-        for j, p in zip(jobs, probs):
-            j.future.set_result(p)
+
+    def _vad_answer(self, wait: bool = False) -> None:
+        """Hand the readers the probabilities of the VAD batches the GPU has finished, in order
+        (with wait: of all of them, waiting for the GPU)."""
+        while self._vad_queued and (wait or self._vad_queued[0][1].done()):
+            jobs, queued = self._vad_queued.pop(0)
+            try:
+                probs = queued.result()
+            except Exception as e:      # noqa: BLE001 - handed to the readers
+                for j in jobs:
+                    j.future.set_exception(e)
+                continue
+            for j, p in zip(jobs, probs):
+                j.future.set_result(p)
 
     def _encoding(self) -> bool:
         """Whether the GPU is still running the last encoder pass queued (always False on the CPU)."""

@@ -6,8 +6,9 @@ and the speech segments (at most one 30 s encoder window each) that the recognis
 instead of fixed windows.
 
 speech_probs: one speech probability per 32 ms frame (512 samples at 16 kHz); device_probs: those
-of many files at once on the GPU. The model is a streaming one: each step takes a frame prefixed
-by the last 64 samples of the one before (its context) and the LSTM state the step before left.
+of many files at once on the GPU (queue_probs: queued, answered once the GPU has them). The model
+is a streaming one: each step takes a frame prefixed by the last 64 samples of the one before (its
+context) and the LSTM state the step before left.
 Everything before the LSTM sees that frame only, so the frames are encoded many at once; only the
 LSTM steps, its rows (blocks) together. A file is cut into blocks of BLOCK_S at its multiples,
 run side by side (rows of one step, on the CPU such groups in a thread pool: numpy's products
@@ -35,7 +36,7 @@ speech_pad_ms each side, never past the middle of the pause to the next segment,
 ends or max_speech_duration_s in all.
 """
 from .model import (BATCH, BLOCK_S, CHUNK, CONTEXT, DEVICE_FRAMES, MODEL_PATH, STATE, WARMUP_S, block_frames,
-                    device_probs, speech_probs, speech_segments, weights)
+                    device_probs, queue_probs, speech_probs, speech_segments, weights)
 from .segments import FRAME, MAX_WINDOW_S, SAMPLE_RATE, Segment, VadOptions, segments_from_probs, speech_regions
 from .live import LiveVad, Speech
 from .workers import (AHEAD, PROCESSES, STREAM_CHUNK, PendingProbs, chunk_probs, pooled_probs, start_workers,
@@ -43,7 +44,7 @@ from .workers import (AHEAD, PROCESSES, STREAM_CHUNK, PendingProbs, chunk_probs,
 
 __all__ = ["AHEAD", "BATCH", "BLOCK_S", "CHUNK", "CONTEXT", "DEVICE_FRAMES", "FRAME", "LiveVad", "MAX_WINDOW_S",
            "MODEL_PATH", "PendingProbs", "PROCESSES", "SAMPLE_RATE", "STATE", "STREAM_CHUNK", "Speech", "WARMUP_S",
-           "Segment",
-           "VadOptions", "block_frames", "chunk_probs", "device_probs", "pooled_probs", "segments_from_probs",
+           "Segment", "VadOptions", "block_frames", "chunk_probs", "device_probs", "pooled_probs", "queue_probs",
+           "segments_from_probs",
            "speech_probs", "speech_regions", "speech_segments", "start_workers", "stop_workers", "stream_probs",
            "weights"]

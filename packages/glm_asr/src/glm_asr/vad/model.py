@@ -241,6 +241,36 @@ def device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = W
     (3xTF32: within 1e-4 of the numpy model's; plain TF32 would compound in the recurrence). It
     runs on the current stream and changes the matmul precision while it runs: call it from the
     thread that launches the model's kernels."""
+    return queue_probs(samples, block_s=block_s, warmup_s=warmup_s).result()
+
+
+class QueuedProbs:
+    """device_probs queued on a stream: done() once the GPU has them, result() (waiting for them)
+    as device_probs returns them. The loop that feeds the engine queues the VAD's batches and goes
+    on (a batch waited for held the engine's next steps back as long as the GPU took to get to it)."""
+
+    def __init__(self, probs, finish):
+        import cupy
+        import cupyx
+
+        self._probs, self._finish, self._host, self._event = probs, finish, None, None
+        if probs is not None:                   # None: no samples, nothing to wait for
+            self._host = cupyx.empty_pinned(probs.shape, probs.dtype)
+            probs.get(out=self._host, blocking=False)           # on the current stream, after the VAD
+            self._event = cupy.cuda.get_current_stream().record()
+
+    def done(self) -> bool:
+        return self._event is None or self._event.done
+
+    def result(self) -> list[np.ndarray]:
+        if self._event is not None:
+            self._event.synchronize()
+        self._probs = None
+        return self._finish(self._host)
+
+
+def queue_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = WARMUP_S) -> QueuedProbs:
+    """device_probs queued on the current stream (QueuedProbs); bad input raises here."""
     import cupy
 
     block, warm = block_frames(block_s, warmup_s)
@@ -251,9 +281,17 @@ def device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = W
     ns = [-(-len(x) // FRAME) for x in xs]
     live = [i for i, n in enumerate(ns) if n]
     layouts = {i: _layout(ns[i], block, warm) for i in live}
-    out = [np.zeros(0, np.float32) for _ in xs]
-    if not live:
+
+    def finish(p: np.ndarray) -> list[np.ndarray]:
+        out, col = [np.zeros(0, np.float32) for _ in xs], 0
+        for i in live:
+            starts, length, _ = layouts[i]
+            out[i] = _assemble(p[:, col:col + len(starts)], ns[i], length, warm)
+            col += len(starts)
         return out
+
+    if not live:
+        return QueuedProbs(None, finish)
     n_rows = _rows_class(sum(len(layouts[i][0]) for i in live))
     chunk = max(SHAPE_CLASS, DEVICE_FRAMES // n_rows)
     steps = _ceil(max(layouts[i][2] for i in live), chunk)
@@ -261,13 +299,7 @@ def device_probs(samples: list, *, block_s: float = BLOCK_S, warmup_s: float = W
     rows = [base + f for i, base in zip(live, bases) for f in layouts[i][0]]
     rows += [rows[-1]] * (n_rows - len(rows))                   # repeats, whose columns go unread
     with matmul_precision("highest"):
-        p = _run_rows(view, rows, steps, chunk).get()
-    col = 0
-    for i in live:
-        starts, length, _ = layouts[i]
-        out[i] = _assemble(p[:, col:col + len(starts)], ns[i], length, warm)
-        col += len(starts)
-    return out
+        return QueuedProbs(_run_rows(view, rows, steps, chunk), finish)
 
 
 def _ceil(n: int, k: int) -> int:
