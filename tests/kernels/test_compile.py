@@ -71,7 +71,8 @@ def specializations():
         for precise, m, split, xt, n in cases:
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
             tm, tn, tk = tiling.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
-            tk = tiling.skinny_block_k(m, 2048, tk, 2, nrm != linear.NO_NORM)[0]     # 512 for a narrow block
+            # 512 for a narrow bfloat16 block; float32: 256 split, 128 whole
+            tk = tiling.skinny_block_k(m, 2048, tk, 4, nrm != linear.NO_NORM, 4 if split else 1, glu)[0]
             two = res and wt == W16     # a residual stream stored in float32 and in bfloat16 (and scaled)
             xs_in = nrm == linear.RMS and scale and wt == W16 and m > tiling.NARROW_ROWS    # GLM-ASR's, scaled ahead
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
@@ -108,6 +109,8 @@ def specializations():
                     [arr(2), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
         out.append((f"norm-{n}-bf16-in", norm.norm_kernel,       # a residual stream's bfloat16 copy
                     [arr(2, dtype=W16), arr(1), arr(1), arr(2, dtype=W16), F32, F32, rows, tile, n == 2048, True]))
+    out.append(("linear-small-tiles", linear.linear_kernel,      # few 128 x 128 tiles of many rows (linear_plan)
+                [*[arr(2)] * 3, arr(1), arr(2), arr(2), I32, *tiling.SMALL_TILES, True, 0, False, False, False, False]))
     out.append(("linear-partial", linear.linear_kernel,
                 [*[arr(2)] * 3, arr(1), arr(2), arr(3), I32, *tiling.LARGE_M, False, 0, False, False, True, False]))
     for bias, code, res in ((False, 0, False), (True, 0, False), (True, 0, True), (True, act.GELU_TANH, False),
@@ -270,13 +273,14 @@ def test_narrow_blocks_only_where_no_norm_rides_along():
 def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
     """At up to NARROW_ROWS rows GLM-ASR's o and down projections and gpt2's fc2 (bfloat16, no
     norm in the kernel, split ranges of an even count of 256-wide chunks) fold 512 of K a chunk,
-    covering each split's range as before; normed products, gpt2's c_proj (768 a split), float32
-    weights and every larger bucket keep their chunks."""
+    covering each split's range as before; float32 weights 256 where K is split and 128 where it
+    is whole (gpt2's c_proj), a gated unit's its 64; normed products, gpt2's bfloat16 c_proj (768
+    a split) and every larger bucket keep their chunks."""
     def block_k(name, m, itemsize=2, norm=False):
         n, k, glu = DECODE_SHAPES[name]
         _, tile_n, tile_k = tiling.skinny_tiles(m, n, glu, itemsize)
-        per, _ = tiling.skinny_splits(n, k, tile_n, tile_k, glu, 132)
-        got = tiling.skinny_block_k(m, k, tile_k, per, norm)
+        per, split = tiling.skinny_splits(n, k, tile_n, tile_k, glu, 132)
+        got = tiling.skinny_block_k(m, k, tile_k, per, norm, split, glu)
         assert got[0] * got[1] == tile_k * per          # the same K a split
         return got[0]
 
@@ -284,9 +288,12 @@ def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
         assert {name: block_k(name, m) for name in ("glm o", "glm down", "gpt2 fc2", "gpt2 o")} == {
             "glm o": 512, "glm down": 512, "gpt2 fc2": 512, "gpt2 o": 256}
         assert block_k("glm qkv", m, norm=True) == block_k("glm o", m, norm=True) == 256
-        assert block_k("glm o", m, itemsize=4) == 64
+        assert {name: block_k(name, m, itemsize=4) for name in ("glm o", "glm down", "gpt2 o", "glm gate/up")} == {
+            "glm o": 256, "glm down": 256, "gpt2 o": 128, "glm gate/up": 64}
+        assert block_k("glm o", m, itemsize=4, norm=True) == 64
     for m in (17, 32, 64, 128):
         assert block_k("glm o", m) == block_k("glm down", m) == 256
+        assert block_k("glm o", m, itemsize=4) == 64
 
 
 @pytest.mark.parametrize("rows,n", [(1, 4097), (8, 50257), (4, 59264), (64, 8191), (66, 50257), (7, 769)])
@@ -301,3 +308,16 @@ def test_softmax_splits_cover_every_chunk_once(rows, n):
         assert splits == 1
     else:
         assert per >= 2 and (splits - 1) * per < chunks <= splits * per and rows * splits <= 4 * 132
+
+
+def test_few_tiles_of_many_rows_take_small_tiles_or_a_few_splits():
+    """A decode-shaped TF32 product of more than DECODE_ROWS rows whose 128 x 128 tiles leave most
+    SMs idle takes 64 x 64 tiles where they fill half of them, else at most sms // tiles K splits
+    covering K once; bfloat16, sequences and 3xTF32 keep their tiles."""
+    assert tiling.linear_plan(512, 768, 3072) == ("tiles", tiling.SMALL_TILES, 96, 1)
+    kind, tiles, per, split = tiling.linear_plan(512, 1280, 5120)
+    assert tiles == tiling.LARGE_M and split == 3 and per * split >= 5120 // 32 > per * (split - 1)
+    seq = tiling.linear_plan(512, 768, 3072, sequence=True)
+    assert seq[1] != tiling.SMALL_TILES and seq[3] == 1
+    assert tiling.linear_plan(512, 768, 3072, bf16_mma=True)[1] == tiling.BF16_LARGE_M
+    assert tiling.linear_plan(4096, 768, 3072) == ("tiles", tiling.LARGE_M, 96, 1)

@@ -15,6 +15,9 @@ BF16_GLU_LARGE_M = (128, 64, 64)
 # 3xTF32 ('highest'): 128 x 128 tiles spilled registers (the TF32 splits of both operands beside the
 # accumulator); 64 x 128 at two blocks an SM holds them (docs/performance.md)
 X3_LARGE_M = (64, 128, 32)
+# a decode-shaped TF32 product of more rows than DECODE_ROWS whose 128 x 128 tiles leave most SMs idle
+# (linear_plan): these tiles where they fill half the SMs, else a few K splits
+SMALL_TILES = (64, 64, 32)
 # weight rows a skinny block (two weight tiles for a gated unit), the most rows of x it takes, K a chunk;
 # twice the rows for bfloat16 weights of at least WIDE_N outputs (faster for wide products such as
 # GLM-ASR's gate/up and vocabulary head, slower for narrower ones)
@@ -31,7 +34,8 @@ SKINNY_K = {4: 64, 2: 128}
 # where no norm rides in the kernel (skinny_block_n)
 NARROW_ROWS = 16
 SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
-NARROW_K = 512                       # K a chunk of a narrow block (skinny_block_k)
+NARROW_K = 512                       # K a chunk of a narrow block of bfloat16 weights (skinny_block_k)
+NARROW_K_F32 = (128, 256)            # ... of float32 weights: K whole, K split
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
 REDUCE_TILE = 256
@@ -62,15 +66,25 @@ def skinny_block_n(m: int, tile_n: int, in_kernel_norm: bool) -> int:
     return tile_n // 2 if m <= NARROW_ROWS and tile_n == SKINNY_N and not in_kernel_norm else tile_n
 
 
-def skinny_block_k(m: int, k: int, tile_k: int, per: int, in_kernel_norm: bool) -> tuple[int, int]:
-    """(K a chunk, chunks a split) of a skinny block for m rows: NARROW_K, twice the weight tiles'
-    256, at up to NARROW_ROWS rows where no norm rides in the kernel and the split ranges and K
-    hold whole chunks of it. An mma adds a 16-wide slice of K at a time, in order, however long the
-    chunk: the same bits. One round trip for a 512-wide chunk rather than two for a pair of 256-wide
-    ones (faster at 1 row, slower at 64: wider blocks keep 256)."""
-    if m <= NARROW_ROWS and not in_kernel_norm and 2 * tile_k == NARROW_K and per % 2 == 0 and k % NARROW_K == 0:
-        return NARROW_K, per // 2
-    return tile_k, per
+def skinny_block_k(m: int, k: int, tile_k: int, per: int, in_kernel_norm: bool, split: int = 1,
+                   glu: bool = False) -> tuple[int, int]:
+    """(K a chunk, chunks a split) of a skinny block for m rows: at up to NARROW_ROWS rows where no
+    norm rides in the kernel, and the split ranges and K hold whole chunks of it, NARROW_K for
+    bfloat16 weight tiles of 256 (twice theirs) and NARROW_K_F32 for float32 ones of 64 not gated
+    (two or four of theirs: 256 where K is split, 128 where it is whole). An mma adds a slice of K
+    at a time, in order, however long the chunk: the same bits. One round trip for a long chunk
+    rather than several for short ones (faster at 1 row, slower at 64: wider blocks keep theirs);
+    float32 at 1 and 16 rows, e.g. K = 6144 -> N = 2048 0.031 -> 0.020 ms (H100)."""
+    if m > NARROW_ROWS or in_kernel_norm:
+        return tile_k, per
+    if tile_k == SKINNY_K[4] and not glu:
+        chunk = NARROW_K_F32[split > 1]
+    elif 2 * tile_k == NARROW_K:
+        chunk = NARROW_K
+    else:
+        return tile_k, per
+    f = chunk // tile_k
+    return (chunk, per // f) if per % f == 0 and k % chunk == 0 else (tile_k, per)
 
 
 def skinny_splits(n: int, k: int, tile_n: int, tile_k: int, glu: bool = False, sms: int = 132) -> tuple[int, int]:
@@ -126,7 +140,8 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     row is likewise the same whatever rows share the product. Split-K serves only the
     decode-shaped products of more than DECODE_ROWS rows whose output tiles cover under a
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
-    slower from half a wave up). x3: the product runs in 3xTF32 (X3_LARGE_M tiles but for a
+    slower from half a wave up; TF32 ones take SMALL_TILES first, and a third of the SMs
+    a few splits). x3: the product runs in 3xTF32 (X3_LARGE_M tiles but for a
     gated unit)."""
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
@@ -138,6 +153,14 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     elif sequence and half_rows_finish_sooner(m, -(-n // tn), sms):
         tm = HALF_M
     out_tiles = -(-m // tm) * -(-n // tn)
+    if not (glu or sequence or bf16_mma or x3) and 3 * out_tiles <= sms:
+        small = -(-m // SMALL_TILES[0]) * -(-n // SMALL_TILES[1])
+        if 4 * out_tiles <= sms and 2 * small >= sms:       # TF32 M=512 K=3072 N=768: 0.025 -> 0.016 ms
+            return "tiles", SMALL_TILES, -(-k // SMALL_TILES[2]), 1
+        if 4 * out_tiles > sms:                             # ... K=5120 N=1280 in 3 splits: 0.054 -> 0.038 ms
+            k_tiles = -(-k // tk)
+            per = -(-k_tiles // (sms // out_tiles))
+            return "tiles", (tm, tn, tk), per, -(-k_tiles // per)
     k_tiles = -(-k // tk)
     split = 1 if glu or sequence or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
