@@ -72,7 +72,7 @@ def specializations():
             kernel = linear.skinny_kernel_one_an_sm if m == 8 else linear.skinny_kernel
             tm, tn, tk = tiling.skinny_tiles(m, n, glu, 2 if wt == W16 else 4, nrm == linear.LAYER)
             # 512 for a narrow bfloat16 block; float32: 256 split, 128 whole
-            tk = tiling.skinny_block_k(m, 2048, tk, 4, nrm != linear.NO_NORM, 4 if split else 1, glu)[0]
+            tk = tiling.skinny_block_k(m, 2048, tk, 4, nrm != linear.NO_NORM, 4 if split else 1, glu, precise == 1)[0]
             two = res and wt == W16     # a residual stream stored in float32 and in bfloat16 (and scaled)
             xs_in = nrm == linear.RMS and scale and wt == W16 and m > tiling.NARROW_ROWS    # GLM-ASR's, scaled ahead
             out.append((f"skinny-{name}-p{precise}-m{m}-split{split}-x{xt}-n{n}", kernel,
@@ -291,6 +291,8 @@ def test_narrow_blocks_take_long_chunks_where_the_splits_hold_them():
         assert {name: block_k(name, m, itemsize=4) for name in ("glm o", "glm down", "gpt2 o", "glm gate/up")} == {
             "glm o": 256, "glm down": 256, "gpt2 o": 128, "glm gate/up": 64}
         assert block_k("glm o", m, itemsize=4, norm=True) == 64
+        n, k, _ = DECODE_SHAPES["glm o"]
+        assert tiling.skinny_block_k(m, k, 64, 8, False, 4, x3=True) == (64, 8)      # 3xTF32 keeps its tiles
     for m in (17, 32, 64, 128):
         assert block_k("glm o", m) == block_k("glm down", m) == 256
         assert block_k("glm o", m, itemsize=4) == 64

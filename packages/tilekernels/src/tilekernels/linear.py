@@ -384,7 +384,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
         tm, tn, tk = plan[1]
         per, split = skinny_splits(n, k, tn, tk, glu, sm_count())
         tn = skinny_block_n(m, tn, in_kernel)
-        tk, per = skinny_block_k(m, k, tk, per, in_kernel, split, glu)
+        tk, per = skinny_block_k(m, k, tk, per, in_kernel, split, glu, mode == TF32X3)
         n_blocks, m_blocks = -(-n // tn), -(-m // tm)
         p = p2 = s_ = c = y
         if split > 1:

@@ -67,17 +67,18 @@ def skinny_block_n(m: int, tile_n: int, in_kernel_norm: bool) -> int:
 
 
 def skinny_block_k(m: int, k: int, tile_k: int, per: int, in_kernel_norm: bool, split: int = 1,
-                   glu: bool = False) -> tuple[int, int]:
+                   glu: bool = False, x3: bool = False) -> tuple[int, int]:
     """(K a chunk, chunks a split) of a skinny block for m rows: at up to NARROW_ROWS rows where no
     norm rides in the kernel, and the split ranges and K hold whole chunks of it, NARROW_K for
-    bfloat16 weight tiles of 256 (twice theirs) and NARROW_K_F32 for float32 ones of 64 not gated
-    (two or four of theirs: 256 where K is split, 128 where it is whole). An mma adds a slice of K
+    bfloat16 weight tiles of 256 (twice theirs) and NARROW_K_F32 for float32 ones of 64 in a
+    TF32 product not gated (two or four of theirs: 256 where K is split, 128 where it is whole;
+    3xTF32 splits each tile in two more, measured at 64 only). An mma adds a slice of K
     at a time, in order, however long the chunk: the same bits. One round trip for a long chunk
     rather than several for short ones (faster at 1 row, slower at 64: wider blocks keep theirs);
     float32 at 1 and 16 rows, e.g. K = 6144 -> N = 2048 0.031 -> 0.020 ms (H100)."""
     if m > NARROW_ROWS or in_kernel_norm:
         return tile_k, per
-    if tile_k == SKINNY_K[4] and not glu:
+    if tile_k == SKINNY_K[4] and not glu and not x3:
         chunk = NARROW_K_F32[split > 1]
     elif 2 * tile_k == NARROW_K:
         chunk = NARROW_K
