@@ -34,10 +34,10 @@ SKINNY_K = {4: 64, 2: 128}
 # where no norm rides in the kernel (skinny_block_n)
 NARROW_ROWS = 16
 SKINNY_SPLIT_K = 256                 # K ranges of the split skinny kernel are multiples of this
-NARROW_K = 512                       # K a chunk of a narrow block of bfloat16 weights (skinny_block_k)
-NARROW_K_F32 = (128, 256)            # ... of float32 weights: K whole, K split
 MIN_SPLIT_UNITS = 2                  # ... and at least this many of them
 SPLIT_BELOW = 1 / 3                  # ... where the output tiles cover under this share of the SMs
+NARROW_K = 512                       # K a chunk of a narrow block of bfloat16 weights (skinny_block_k)
+NARROW_K_F32 = (128, 256)            # ... of float32 weights: K whole, K split
 REDUCE_TILE = 256
 
 
@@ -141,9 +141,9 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     row is likewise the same whatever rows share the product. Split-K serves only the
     decode-shaped products of more than DECODE_ROWS rows whose output tiles cover under a
     quarter of the SMs (its partial sums cost a pass over memory and a reduce kernel,
-    slower from half a wave up; TF32 ones take SMALL_TILES first, and a third of the SMs
-    a few splits). x3: the product runs in 3xTF32 (X3_LARGE_M tiles but for a
-    gated unit)."""
+    slower from half a wave up; TF32 ones take SMALL_TILES where those fill half the SMs, and
+    sms // tiles splits where the tiles cover a quarter to a third of them). x3: the product
+    runs in 3xTF32 (X3_LARGE_M tiles but for a gated unit)."""
     if not sequence and m <= DECODE_ROWS:
         return "skinny", skinny_tiles(m, n, glu, itemsize, layer_norm)
     tm, tn, tk = (BF16_GLU_LARGE_M if glu else BF16_LARGE_M) if bf16_mma else GLU_LARGE_M if glu else LARGE_M
@@ -154,15 +154,14 @@ def linear_plan(m: int, n: int, k: int, glu: bool = False, sms: int = 132, bf16_
     elif sequence and half_rows_finish_sooner(m, -(-n // tn), sms):
         tm = HALF_M
     out_tiles = -(-m // tm) * -(-n // tn)
+    k_tiles = -(-k // tk)
     if not (glu or sequence or bf16_mma or x3) and 3 * out_tiles <= sms:
         small = -(-m // SMALL_TILES[0]) * -(-n // SMALL_TILES[1])
         if 4 * out_tiles <= sms and 2 * small >= sms:       # TF32 M=512 K=3072 N=768: 0.025 -> 0.016 ms
             return "tiles", SMALL_TILES, -(-k // SMALL_TILES[2]), 1
         if 4 * out_tiles > sms:                             # ... K=5120 N=1280 in 3 splits: 0.054 -> 0.038 ms
-            k_tiles = -(-k // tk)
             per = -(-k_tiles // (sms // out_tiles))
             return "tiles", (tm, tn, tk), per, -(-k_tiles // per)
-    k_tiles = -(-k // tk)
     split = 1 if glu or sequence or 4 * out_tiles > sms else min(k_tiles, -(-2 * sms // out_tiles), 64)
     per = -(-k_tiles // split)
     return "tiles", (tm, tn, tk), per, -(-k_tiles // per)
