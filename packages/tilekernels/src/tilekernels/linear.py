@@ -363,10 +363,11 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
         return _results(y.reshape(*x.shape[:-1], n), y2, xs_out, also)
     sequence = x.ndim >= 3 and x.shape[-2] > 1
     mode = mma_mode(weight.dtype)
+    x3 = mode == TF32X3
     rms = isinstance(norm, RMSNorm)
     foldable = norm is not None and (rms or not norm.affine)      # the skinny kernel can apply it
     plan = linear_plan(m, n, k, glu, sm_count(), mode == BF16_MMA, sequence, weight.dtype.itemsize,
-                       foldable and not rms, mode == TF32X3)
+                       foldable and not rms, x3)
     in_kernel = foldable and plan[0] != "tiles"
     if norm is not None and not in_kernel:
         x2 = norm(x2, out_dtype=BF16 if mode == BF16_MMA else np.float32)
@@ -384,7 +385,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
         tm, tn, tk = plan[1]
         per, split = skinny_splits(n, k, tn, tk, glu, sm_count())
         tn = skinny_block_n(m, tn, in_kernel)
-        tk, per = skinny_block_k(m, k, tk, per, in_kernel, split, glu, mode == TF32X3)
+        tk, per = skinny_block_k(m, k, tk, per, in_kernel, split, glu, x3)
         n_blocks, m_blocks = -(-n // tn), -(-m // tm)
         p = p2 = s_ = c = y
         if split > 1:
@@ -402,7 +403,7 @@ def _linear_cupy(x, weight, bias, act, glu, norm, residual, out_dtype, also=None
     else:
         _, (tm, tn, tk), per, split = plan
         grid = (-(-m // tm) * -(-n // tn), split, 1)
-        two_an_sm = mode == BF16_MMA or (mode == TF32X3 and not glu)
+        two_an_sm = mode == BF16_MMA or (x3 and not glu)
         kernel = linear_kernel_occupancy2 if two_an_sm else linear_kernel
         if split == 1:
             launch(grid, kernel, (x2, w, w2, b, r, y, per, tm, tn, tk, *flags, False, mode))
